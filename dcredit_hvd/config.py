@@ -1,0 +1,128 @@
+"""The scheduler's configuration: one typed dataclass.
+
+Each field is filled from the keyword argument when given, else from its ``DCREDIT_*``
+environment variable, else from the default below.  Values are validated once, here, with
+errors that name the value, the allowed range and the fix.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+from .policies import POLICIES
+
+#: Policies that exist in the design but are not implemented in this version.
+NOT_YET = {
+    "dcredit": "the dcredit policy (measured cost model + two-phase planner) is not implemented "
+    "in this version of dcredit_hvd; use policy='bytescheduler' or policy='wfbp'",
+}
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 10**3, "kb": 10**3, "kib": 2**10,
+    "m": 10**6, "mb": 10**6, "mib": 2**20,
+    "g": 10**9, "gb": 10**9, "gib": 2**30,
+}
+
+
+def parse_bytes(value: Any, what: str) -> int:
+    """``4194304``, ``"4MiB"``, ``"4M"`` (decimal) -> bytes; anything else is a clear error."""
+    if isinstance(value, bool):
+        raise ValueError(f"{what} must be a number of bytes, got {value!r}")
+    if isinstance(value, (int, float)):
+        number = value
+    else:
+        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([a-zA-Z]*)\s*", str(value))
+        unit = match.group(2).lower() if match else None
+        if not match or unit not in _UNITS:
+            raise ValueError(
+                f"{what} must be a number of bytes such as 4194304, '4MiB' or '4MB', got {value!r}"
+            )
+        number = float(match.group(1)) * _UNITS[unit]
+    if number != number or number <= 0 or number == float("inf"):
+        raise ValueError(f"{what} must be > 0 bytes, got {value!r}; pass a positive size such as '4MiB'")
+    return int(number)
+
+
+def _parse_float(value: Any, what: str, low: float) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be a number, got {value!r}") from None
+    if not number > low:
+        raise ValueError(f"{what} must be > {low}, got {value!r}")
+    return number
+
+
+@dataclass
+class SchedulerConfig:
+    """Everything the scheduler can be told.  See README "Configuration"."""
+
+    #: Window rule: one of ``policies.POLICIES``.  ``DCREDIT_POLICY``.
+    policy: str = "bytescheduler"
+    #: Largest block, in bytes as sent (after compression).  ``DCREDIT_PARTITION_BYTES``.
+    #: ByteScheduler's default, 1M float32 elements.
+    partition_bytes: int = 4_000_000
+    #: Bytes in flight allowed by ``bytescheduler``.  ``DCREDIT_CREDIT_BYTES``.
+    #: ByteScheduler's default, 4M float32 elements.
+    credit_bytes: int = 16_000_000
+    #: Seconds between polls of in-flight all-reduces by the completion thread.
+    #: ``DCREDIT_POLL_SECONDS``.  Horovod's own cycle is 1 ms, so polling faster gains little.
+    poll_seconds: float = 0.0005
+    #: Where each field's value came from ("keyword", "environment", "default").
+    sources: dict = field(default_factory=dict, compare=False, repr=False)
+
+    ENV = {
+        "policy": "DCREDIT_POLICY",
+        "partition_bytes": "DCREDIT_PARTITION_BYTES",
+        "credit_bytes": "DCREDIT_CREDIT_BYTES",
+        "poll_seconds": "DCREDIT_POLL_SECONDS",
+    }
+
+    @classmethod
+    def resolve(cls, environ: Optional[Mapping[str, str]] = None, **keywords: Any) -> "SchedulerConfig":
+        """Keyword (when not None) > ``DCREDIT_*`` variable > default; then validate."""
+        environ = os.environ if environ is None else environ
+        names = [f.name for f in dataclasses.fields(cls) if f.name != "sources"]
+        unknown = set(keywords) - set(names)
+        if unknown:
+            raise TypeError(f"unknown scheduler option(s): {', '.join(sorted(unknown))}; "
+                            f"known: {', '.join(names)}")
+        raw: dict[str, Any] = {}
+        sources: dict[str, str] = {}
+        for name in names:
+            if keywords.get(name) is not None:
+                raw[name], sources[name] = keywords[name], "keyword"
+            elif environ.get(cls.ENV[name], "") != "":
+                raw[name], sources[name] = environ[cls.ENV[name]], "environment"
+            else:
+                sources[name] = "default"
+        config = cls(**{k: cls._validate(k, v, sources[k]) for k, v in raw.items()})
+        config.sources = sources
+        return config
+
+    @classmethod
+    def _validate(cls, name: str, value: Any, source: str) -> Any:
+        what = f"{name}" if source == "keyword" else f"{cls.ENV[name]} (environment)"
+        if name == "policy":
+            policy = str(value).strip().lower()
+            if policy in NOT_YET:
+                raise NotImplementedError(f"{what}={value!r}: {NOT_YET[policy]}")
+            if policy not in POLICIES:
+                raise ValueError(f"{what}={value!r} is not a known policy; choose one of "
+                                 f"{', '.join(POLICIES)}")
+            return policy
+        if name in ("partition_bytes", "credit_bytes"):
+            return parse_bytes(value, what)
+        if name == "poll_seconds":
+            return _parse_float(value, what, 0.0)
+        raise AssertionError(name)
+
+    def summary(self) -> str:
+        parts = []
+        for name in self.ENV:
+            parts.append(f"{name}={getattr(self, name)} ({self.sources.get(name, 'default')})")
+        return "dcredit_hvd config: " + ", ".join(parts)

@@ -1,0 +1,18 @@
+"""Package metadata for dcredit_hvd, a Horovod plugin (see README.md)."""
+from setuptools import find_packages, setup
+
+setup(
+    name="dcredit_hvd",
+    version="0.1.0",
+    description="D-Credit gradient communication scheduling as a drop-in "
+    "replacement for horovod.torch.DistributedOptimizer",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["dcredit_hvd", "dcredit_hvd.*"]),
+    python_requires=">=3.9",
+    # Horovod is built from source against the installed torch (scripts/install.sh);
+    # listing it here would make pip try a build of its own without the C++17 fix.
+    install_requires=["torch>=2.1", "numpy", "mpi4py"],
+    extras_require={"test": ["pytest", "hypothesis"]},
+    license="Apache-2.0",
+)
