@@ -1,0 +1,41 @@
+# dcredit_hvd: `make demo` runs the main job, `make test` passes the tests.
+# Both install what is missing first (scripts/install.sh is idempotent: seconds when done).
+
+VENV      ?= $(CURDIR)/.venv
+PY        := $(VENV)/bin/python
+export PATH := $(VENV)/bin:$(PATH)
+# Open MPI refuses root without these; CI and these machines run as root.
+export OMPI_ALLOW_RUN_AS_ROOT := 1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
+# Each multi-rank run is killed (and fails) rather than hanging CI.
+MULTIRANK_TIMEOUT ?= 900
+MPIRUN    := timeout -k 10 $(MULTIRANK_TIMEOUT) mpirun -np 2 --oversubscribe --bind-to none \
+             --map-by slot --mca btl self,vader,tcp
+HVDRUN    := timeout -k 10 $(MULTIRANK_TIMEOUT) horovodrun -np 2 -H localhost:2 --gloo
+PYTEST_MR := $(PY) -m pytest -q -p no:cacheprovider tests/multirank
+
+.PHONY: install test test-unit test-mpi test-gloo demo lint clean
+
+install:
+	VENV=$(VENV) ./scripts/install.sh
+
+test: install
+	$(MAKE) test-unit test-mpi test-gloo
+
+test-unit:
+	$(PY) -m pytest -q tests --ignore=tests/multirank
+
+test-mpi:
+	$(MPIRUN) $(PYTEST_MR)
+
+test-gloo:
+	$(HVDRUN) $(PYTEST_MR)
+
+demo: install
+	./scripts/demo.sh
+
+lint:
+	$(VENV)/bin/ruff check dcredit_hvd tests scripts
+
+clean:
+	rm -rf .build results .pytest_cache

@@ -1,0 +1,47 @@
+"""The only module that calls Horovod's collectives.
+
+Everything the scheduler sends goes through ``submit``/``poll``/``collect``; the few collectives
+used at set-up (object broadcast and all-gather) are here too, so replacing the transport means
+editing this file only.  Public ``horovod.torch`` API only: Horovod is never patched.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import horovod.torch as hvd
+import torch
+
+
+def rank() -> int:
+    return hvd.rank()
+
+
+def size() -> int:
+    return hvd.size()
+
+
+def submit(tensor: torch.Tensor, name: str, op: Any, prescale: float, postscale: float,
+           process_set: Any) -> int:
+    """Start an in-place all-reduce of ``tensor`` under ``name``; returns Horovod's handle."""
+    return hvd.allreduce_async_(tensor, name=name, op=op, prescale_factor=prescale,
+                                postscale_factor=postscale, process_set=process_set)
+
+
+def poll(handle: int) -> bool:
+    """True when the all-reduce behind ``handle`` has finished (successfully or not)."""
+    return hvd.poll(handle)
+
+
+def collect(handle: int) -> torch.Tensor:
+    """The result of a finished all-reduce; raises ``HorovodInternalError`` if it failed."""
+    return hvd.synchronize(handle)
+
+
+def broadcast_object(obj: Any, root_rank: int = 0, process_set: Any = None, name: str = None) -> Any:
+    kwargs = {"process_set": process_set} if process_set is not None else {}
+    return hvd.broadcast_object(obj, root_rank=root_rank, name=name, **kwargs)
+
+
+def allgather_object(obj: Any, process_set: Any = None, name: str = None) -> list:
+    kwargs = {"process_set": process_set} if process_set is not None else {}
+    return hvd.allgather_object(obj, name=name, **kwargs)

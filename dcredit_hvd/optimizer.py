@@ -1,0 +1,380 @@
+"""``DistributedOptimizer``: the drop-in replacement for ``horovod.torch.DistributedOptimizer``.
+
+Same factory contract as Horovod 0.28.1 (``horovod/torch/optimizer.py``): it returns an instance
+of a new class with the user's optimizer class name that subclasses it, built from the
+optimizer's ``param_groups``; ``synchronize()``, ``skip_synchronize()``, ``step()``,
+``zero_grad()``, ``load_state_dict()`` and the error texts behave as Horovod's.  What differs is
+how gradients travel: each one is cut into blocks (``blocks``), queued by priority and released
+to Horovod by a policy (``scheduler``, ``policies``) instead of being submitted whole at once.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from contextlib import contextmanager
+from typing import Any, Iterable, Optional
+
+import horovod.torch as hvd
+import torch
+
+from . import comm
+from .blocks import TensorLayout, build_layout
+from .config import SchedulerConfig
+from .policies import Immediate, make_policy
+from .scheduler import BlockScheduler, Item
+
+log = logging.getLogger("dcredit_hvd")
+
+_TOO_MANY_PASSES = (
+    "Gradients were computed more than backward_passes_per_step times before call to step(). "
+    "Increase backward_passes_per_step to accumulate gradients locally."
+)
+_ZERO_GRAD_RACE = (
+    "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
+    "optimizer.synchronize(). This is prohibited as it can cause a race condition."
+)
+_DOUBLE_SYNC = (
+    "optimizer.step() called without optimizer.skip_synchronize() context after "
+    "optimizer.synchronize(). This can cause training slowdown. You may want to consider using "
+    "optimizer.skip_synchronize() context if you use optimizer.synchronize() in your code."
+)
+
+
+def _setup_logging() -> None:
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("[dcredit_hvd] %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(os.environ.get("DCREDIT_LOG_LEVEL", "INFO").upper())
+        log.propagate = False
+
+
+class _DistributedOptimizer(torch.optim.Optimizer):
+    """Methods copied into the generated subclass of the user's optimizer class."""
+
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
+                 gradient_predivide_factor, sparse_as_dense, process_set, model, config):
+        self._dcredit_base.__init__(self, params)
+        self._compression = compression
+        self._op = op
+        self._gradient_predivide_factor = gradient_predivide_factor
+        self._sparse_as_dense = sparse_as_dense
+        self._process_set = process_set
+        self._config: SchedulerConfig = config
+        self.backward_passes_per_step = backward_passes_per_step
+
+        named = self._check_named_parameters(named_parameters)
+        self._parameter_names = {p: name for name, p in named}
+        self._requires_update = [p for group in self.param_groups for p in group["params"]
+                                 if p.requires_grad]
+        self._allreduce_delay = {p: backward_passes_per_step for p in self._requires_update}
+        self._pending: set = set()      # fired at least once since the last synchronize
+        self._queued: set = set()       # blocks handed to the scheduler this iteration
+        self._synchronized = False
+        self._should_synchronize = True
+        self._hook_handles: list = []
+        self._forward_order: list = []     # parameters in the order forward first used them
+        self._forward_seen: set = set()
+        self._forward_order_applied = False
+
+        self._enabled = process_set.included() and (
+            comm.size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1")
+        if not self._enabled:
+            return
+        self._is_gate = process_set.rank() == 0
+        self._policy = make_policy(config)
+        self._order = self._initial_order()
+        self._layouts = self._build_layouts()
+        gate_policy = self._policy if self._is_gate else Immediate()
+        gate_policy.bind(self._layouts)
+        self._scheduler = BlockScheduler(
+            gate_policy, submit=self._submit_item, poll=comm.poll, collect=comm.collect,
+            poll_seconds=config.poll_seconds)
+        self._register_hooks(model)
+        if comm.rank() == 0:
+            _setup_logging()
+            blocks = sum(len(t.blocks) for t in self._layouts)
+            log.info("%s; policy %s; %d tensors, %d blocks, %d bytes per iteration",
+                     config.summary(), self._policy.describe(), len(self._layouts), blocks,
+                     sum(t.nbytes for t in self._layouts))
+
+    # -- construction -------------------------------------------------------------------
+    def _check_named_parameters(self, named_parameters):
+        if named_parameters is not None:
+            named_parameters = list(named_parameters)
+        else:
+            named_parameters = [(f"allreduce.noname.{i}.{j}", v)
+                                for i, group in enumerate(self.param_groups)
+                                for j, v in enumerate(group["params"])]
+        if any(not isinstance(p, tuple) for p in named_parameters):
+            raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
+                             "usually produced by model.named_parameters().")
+        names = [k for k, _ in named_parameters]
+        dups = sorted({k for k in names if names.count(k) > 1})
+        if dups:
+            raise ValueError("Parameter names in named_parameters must be unique. "
+                             "Found duplicates: %s" % ", ".join(dups))
+        all_params = {id(v) for _, v in named_parameters}
+        unnamed = [id(p) for group in self.param_groups for p in group["params"]
+                   if id(p) not in all_params]
+        if unnamed:
+            raise ValueError("named_parameters was specified, but one or more model parameters "
+                             "were not named. Python object ids: %s"
+                             % ", ".join(str(i) for i in unnamed))
+        # Several names for one tensor (tied weights): keep the first, as model.named_parameters().
+        seen, unique = set(), []
+        for name, p in named_parameters:
+            if p not in seen:
+                seen.add(p)
+                unique.append((name, p))
+        return unique
+
+    def _initial_order(self) -> list:
+        """Tensor order before forward was observed: the order parameters were named in."""
+        position = {p: i for i, p in enumerate(self._parameter_names)}
+        return sorted(self._requires_update, key=position.__getitem__)
+
+    def _element_size(self, p: torch.Tensor) -> int:
+        """Bytes per element as sent, after compression (fp16 compression halves float32)."""
+        sample, _ = self._compression.compress(torch.zeros(1, dtype=p.dtype, device=p.device))
+        return sample.element_size()
+
+    def _build_layouts(self) -> list[TensorLayout]:
+        self._index = {p: l for l, p in enumerate(self._order)}
+        return build_layout([self._parameter_names[p] for p in self._order],
+                            [p.numel() for p in self._order],
+                            [self._element_size(p) for p in self._order],
+                            self._policy.partition_bytes(self._config.partition_bytes))
+
+    def _register_hooks(self, model: Optional[torch.nn.Module]) -> None:
+        for p in self._requires_update:
+            self._hook_handles.append(p.register_post_accumulate_grad_hook(self._make_hook(p)))
+        if model is None:
+            return
+        owned = set(self._requires_update)
+        for module in model.modules():
+            params = [p for p in module.parameters(recurse=False) if p in owned]
+            if params:
+                self._hook_handles.append(
+                    module.register_forward_pre_hook(self._make_order_hook(params)))
+
+    def _make_order_hook(self, params):
+        def hook(module, inputs):
+            if not self._forward_order_applied:
+                for p in params:
+                    if p not in self._forward_seen:
+                        self._forward_seen.add(p)
+                        self._forward_order.append(p)
+        return hook
+
+    def _apply_forward_order(self) -> None:
+        """Re-index tensors in the order forward first used them (spec §2), once, between
+        iterations.  Names do not depend on the index, so ranks stay consistent."""
+        if self._forward_order_applied or not self._forward_order:
+            return
+        self._forward_order_applied = True
+        seen = set(self._forward_order)
+        order = self._forward_order + [p for p in self._order if p not in seen]
+        if order != self._order:
+            self._order = order
+            self._layouts = self._build_layouts()
+            self._scheduler.policy.bind(self._layouts)
+
+    # -- hooks and submission -------------------------------------------------------------
+    def _make_hook(self, p):
+        def hook(param):
+            self._scheduler.check()
+            if p in self._queued and self._allreduce_delay[p] <= 0:
+                raise AssertionError(_TOO_MANY_PASSES)
+            assert not p.grad.requires_grad
+            assert self._allreduce_delay[p] > 0
+            self._pending.add(p)
+            self._allreduce_delay[p] -= 1
+            if self._allreduce_delay[p] == 0:
+                self._enqueue(p)
+        return hook
+
+    def _enqueue(self, p) -> None:
+        if not self._scheduler.iteration_open:
+            self._scheduler.start_iteration()
+        grad = p.grad
+        if grad is None:
+            # Another rank may have computed it: every rank must submit every name.
+            grad = p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
+        if grad.is_sparse:
+            if not self._sparse_as_dense:
+                raise ValueError(
+                    f"parameter {self._parameter_names.get(p)!r} has a sparse gradient; "
+                    "dcredit_hvd sends dense blocks only: pass sparse_as_dense=True, or use "
+                    "hvd.DistributedOptimizer for sparse gradients")
+            grad = p.grad = grad.to_dense()
+        if not grad.is_contiguous():
+            grad = p.grad = grad.contiguous()
+        flat = grad.view(-1)
+        layout = self._layouts[self._index[p]]
+        items = []
+        for block in layout.blocks:
+            view = flat[block.start:block.stop]
+            payload, ctx = self._compression.compress(view)
+            finish = None if payload is view else self._write_back(view, ctx)
+            items.append(Item(block.key, 0, block, payload, finish))
+        self._queued.add(p)
+        self._scheduler.enqueue(layout.index, items)
+
+    def _write_back(self, view: torch.Tensor, ctx: Any):
+        def finish(output: torch.Tensor) -> None:
+            view.copy_(self._compression.decompress(output, ctx))
+        return finish
+
+    def _submit_item(self, item: Item) -> int:
+        if self._op == hvd.Average:
+            prescale = 1.0 / self._gradient_predivide_factor
+            postscale = self._gradient_predivide_factor
+        else:
+            prescale = postscale = 1.0
+        return comm.submit(item.payload, item.block.name, self._op, prescale, postscale,
+                           self._process_set)
+
+    # -- Horovod's user-visible contract --------------------------------------------------
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        self.backward_passes_per_step = passes
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = passes
+
+    def synchronize(self) -> None:
+        """Send whatever is left (zeros for gradients this rank never computed) and wait until
+        every block is reduced and written back into ``p.grad``."""
+        if not self._enabled:
+            self._synchronized = True
+            return
+        self._scheduler.check()
+        if not self._scheduler.iteration_open:
+            self._scheduler.start_iteration()
+        for p in self._order:
+            if p not in self._queued:
+                self._enqueue(p)
+        self._scheduler.end_backward()
+        self._scheduler.wait_all()
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = self.backward_passes_per_step
+        self._pending.clear()
+        self._queued.clear()
+        self._synchronized = True
+        self._apply_forward_order()
+
+    @contextmanager
+    def skip_synchronize(self):
+        """For ``synchronize(); clip...; with skip_synchronize(): step()`` (Horovod's pattern)."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure=None):
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn(_DOUBLE_SYNC)
+            self.synchronize()
+        self._synchronized = False
+        return self._dcredit_base.step(self, closure)
+
+    def zero_grad(self, *args, **kwargs):
+        if self._enabled and self._pending:
+            raise AssertionError(_ZERO_GRAD_RACE)
+        return self._dcredit_base.zero_grad(self, *args, **kwargs)
+
+    def load_state_dict(self, *args, **kwargs):
+        """Restore optimizer state; anything still in flight is drained first, then all
+        scheduler state is reset (elastic ``restore()`` relies on this)."""
+        if self._enabled:
+            if self._scheduler.iteration_open:
+                self._scheduler.end_backward()
+                self._scheduler.wait_all()
+            self._pending.clear()
+            self._queued.clear()
+            for p in self._allreduce_delay:
+                self._allreduce_delay[p] = self.backward_passes_per_step
+        self._synchronized = False
+        self._should_synchronize = True
+        return self._dcredit_base.load_state_dict(self, *args, **kwargs)
+
+    @property
+    def scheduler_config(self) -> SchedulerConfig:
+        return self._config
+
+    @property
+    def layouts(self) -> list[TensorLayout]:
+        """Tensor layouts in priority (forward) order; empty when the wrapper passes through."""
+        return list(self._layouts) if self._enabled else []
+
+    @property
+    def last_submission_order(self) -> list[str]:
+        """Block names this rank handed to Horovod in the last iteration, in order."""
+        return list(self._scheduler.submitted_names) if self._enabled else []
+
+
+def DistributedOptimizer(optimizer: torch.optim.Optimizer,
+                         named_parameters: Optional[Iterable[tuple[str, torch.Tensor]]] = None,
+                         compression: Any = hvd.Compression.none,
+                         backward_passes_per_step: int = 1,
+                         op: Any = hvd.Average,
+                         gradient_predivide_factor: float = 1.0,
+                         num_groups: int = 0,
+                         groups: Any = None,
+                         sparse_as_dense: bool = False,
+                         process_set: Any = hvd.global_process_set,
+                         *,
+                         model: Optional[torch.nn.Module] = None,
+                         policy: Optional[str] = None,
+                         partition_bytes: Any = None,
+                         credit_bytes: Any = None,
+                         poll_seconds: Optional[float] = None):
+    """Wrap ``optimizer`` so its gradients are all-reduced by the scheduler.
+
+    Arguments up to ``process_set`` are ``hvd.DistributedOptimizer``'s, with the same defaults
+    and meaning.  Keyword-only extras (each also settable by a ``DCREDIT_*`` variable):
+
+    * ``model``: the ``torch.nn.Module`` being trained; lets the scheduler learn the order in
+      which forward uses parameters (priority: nearest the input first).
+    * ``policy``: ``"bytescheduler"`` (default) or ``"wfbp"``.  ``DCREDIT_POLICY``.
+    * ``partition_bytes``: largest block in bytes as sent (``"4MiB"`` accepted).
+    * ``credit_bytes``: bytes in flight under ``bytescheduler``.
+    * ``poll_seconds``: completion polling interval.
+    """
+    if gradient_predivide_factor != 1.0:
+        if op != hvd.Average:
+            raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if num_groups != 0:
+        warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed "
+                      "in v0.23.0.", DeprecationWarning)
+        if groups is None:
+            groups = num_groups
+    if groups is not None:
+        raise NotImplementedError(
+            "groups/num_groups is not supported by dcredit_hvd: the scheduler forms its own "
+            "blocks and Horovod fuses what is released together. Remove groups= (and "
+            "num_groups=), or use hvd.DistributedOptimizer.")
+    if backward_passes_per_step <= 0:
+        raise ValueError("backward_passes_per_step must be > 0")
+    if op == hvd.Adasum:
+        raise NotImplementedError(
+            "op=hvd.Adasum is not supported by dcredit_hvd (Adasum reduces optimizer deltas, "
+            "not gradients); use hvd.DistributedOptimizer(op=hvd.Adasum)")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    if model is not None and not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    config = SchedulerConfig.resolve(policy=policy, partition_bytes=partition_bytes,
+                                     credit_bytes=credit_bytes, poll_seconds=poll_seconds)
+    base = optimizer.__class__
+    namespace = dict(_DistributedOptimizer.__dict__)
+    namespace["_dcredit_base"] = base
+    # Horovod's broadcast_optimizer_state runs the *local* step() of optimizers whose module is
+    # horovod.torch.optimizer, and the distributed one (a collective) otherwise; a local step is
+    # what it needs, so the generated class declares that module, as Horovod's own does.
+    namespace["__module__"] = hvd.DistributedOptimizer.__module__
+    cls = type(base.__name__, (base,), namespace)
+    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
+               op, gradient_predivide_factor, sparse_as_dense, process_set, model, config)

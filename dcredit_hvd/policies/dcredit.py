@@ -1,0 +1,132 @@
+"""D-Credit's runtime rule: dynamic send budgets during backward, per-tensor windows after it.
+
+Gao et al., "A Dynamic Sliding Window Based Tensor Communication Scheduling Framework for
+Distributed Deep Learning", IEEE TNSE 12(2), 2025; spec §5.  The windows come from
+``planner.plan``; this class only spends them.
+
+* Phase 1 (backward): when gradient ``j`` becomes ready (``j = L-1 .. 1``), the send budget grows
+  by ``windows[L-1-j]`` blocks (``Plan.phase1_budget``); the head of the queue is released while
+  the budget is positive, one block per unit::
+
+      admit(head)  <=>  budget > 0            (then budget -= 1)
+
+  Completions do not return budget: it is a cumulative allowance, not an in-flight limit.  Each
+  tensor's budget is credited exactly once per iteration, whatever the order of ready events (the
+  authors' runtime credited only a new minimum layer and lost budgets, research notes B11).
+* Phase 2 (from ``on_backward_end``): what is left goes out one tensor at a time in priority
+  (forward) order; the window of the head's tensor opens only when every block released by the
+  previous phase-2 window has completed, so tensor ``l+1`` never competes with ``l``::
+
+      admit(head)  <=>  head.tensor == open  or  no phase-2 block in flight   (then open = head.tensor)
+
+  Liveness: a refusal in phase 2 implies a phase-2 block in flight; its completion empties the
+  set eventually, and the next ``admit`` then succeeds.  So every queued block is released once
+  completions arrive, whatever blocks, tensors or ready events the driver saw (the authors'
+  runtime counted dispatches against ``sum(windows)`` and could hang, spec §6 defect 9).
+
+Blocks released in phase 1 and still in flight do not gate phase 2: they are already submitted,
+and the planner's timeline already queues phase 2 behind them.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..blocks import Block, TensorLayout
+from ..costmodel import CostModel
+from ..planner import Plan
+from ..planner import plan as make_plan
+from ..profile import Profile
+from .base import Policy
+
+
+class DCredit(Policy):
+    """Spends a :class:`~dcredit_hvd.planner.Plan`; one instance per job, reset every iteration."""
+
+    name = "dcredit"
+
+    def __init__(self, plan: Plan) -> None:
+        super().__init__()
+        self.plan = plan
+        L = plan.num_tensors
+        #: Budget added when gradient j is ready, precomputed so ``on_ready`` is O(1).
+        self._budget_of = tuple(plan.phase1_budget(j) for j in range(L))
+        self._credited = bytearray(L)
+        self._budget = 0
+        self._phase = 1
+        self._open = -1                                  # tensor of the open phase-2 window
+        self._inflight2: set[tuple[int, int]] = set()    # keys released in phase 2, not completed
+        #: Blocks released in each phase this iteration, and budget left when backward ended.
+        self.released = [0, 0]
+        self.unused_budget = 0
+
+    @classmethod
+    def from_profile(cls, profile: Profile, cost: CostModel, partition_bytes: int) -> DCredit:
+        return cls(make_plan(profile, cost, partition_bytes))
+
+    def partition_bytes(self, configured: int | None) -> int | None:
+        """The plan's ``S_p``, whatever was configured: planner and runtime must agree (defect 5)."""
+        return self.plan.partition_bytes
+
+    def bind(self, layouts: Sequence[TensorLayout]) -> None:
+        """Refuse a layout the plan was not made for: a count mismatch is how the authors' runtime hung."""
+        m = self.plan.blocks_per_tensor
+        if len(layouts) != len(m):
+            raise ValueError(f"dcredit: the plan covers {len(m)} tensors but the job has {len(layouts)}; "
+                             f"re-plan with the job's profile")
+        S_p = self.plan.partition_bytes
+        for layout, count in zip(layouts, m):
+            full = layout.element_size * max(1, S_p // layout.element_size)
+            if len(layout.blocks) != count or (count > 1 and layout.blocks[0].nbytes != full):
+                raise ValueError(
+                    f"dcredit: tensor {layout.index} ({layout.name}) is cut into {len(layout.blocks)} "
+                    f"blocks of {layout.blocks[0].nbytes} B but the plan expects {count} of {full} B; "
+                    f"build the layout with partition_bytes={S_p} (the policy's partition_bytes())")
+        super().bind(layouts)
+
+    def start_iteration(self) -> None:
+        self._credited = bytearray(self.plan.num_tensors)
+        self._budget = 0
+        self._phase = 1
+        self._open = -1
+        self._inflight2 = set()
+        self.released = [0, 0]
+        self.unused_budget = 0
+
+    def on_ready(self, tensor: int) -> None:
+        """Add tensor ``tensor``'s phase-1 budget, once per iteration, in any arrival order."""
+        if not 0 <= tensor < len(self._budget_of):
+            raise IndexError(f"dcredit: tensor {tensor} out of range 0..{len(self._budget_of) - 1}")
+        if self._phase == 1 and not self._credited[tensor]:
+            self._credited[tensor] = 1
+            self._budget += self._budget_of[tensor]
+
+    def on_backward_end(self) -> None:
+        if self._phase == 1:
+            self.unused_budget = self._budget
+        self._phase = 2
+        self._budget = 0
+
+    def on_complete(self, block: Block) -> None:
+        self._inflight2.discard(block.key)
+
+    def admit(self, block: Block) -> bool:
+        if self._phase == 1:
+            if self._budget <= 0:
+                return False
+            self._budget -= 1
+            self.released[0] += 1
+            return True
+        if block.tensor != self._open:
+            if self._inflight2:
+                return False
+            self._open = block.tensor
+        self._inflight2.add(block.key)
+        self.released[1] += 1
+        return True
+
+    def describe(self) -> str:
+        p = self.plan
+        p1 = sum(p.phase1_windows)
+        return (f"dcredit(S_p={p.partition_bytes} B, L={p.num_tensors}, {p.total_blocks} blocks: "
+                f"{p1} in {sum(1 for w in p.phase1_windows if w)} phase-1 windows, "
+                f"{p.total_blocks - p1} in phase 2)")

@@ -1,0 +1,215 @@
+"""The priority queue and the gate between gradient hooks and Horovod.
+
+Hooks ``enqueue`` the blocks of a ready gradient; the gate asks the policy, after every event,
+whether the head of the priority queue may go (``Policy.admit``) and submits it through
+``comm``.  A completion thread polls in-flight all-reduces, writes results back (for compressed
+blocks), tells the policy (``on_complete``) and pumps the gate again.
+
+Only the gate rank (rank 0 of the process set) gates with the configured policy; the others run
+``Immediate`` and submit each block as soon as it is ready.  Horovod starts an all-reduce only when
+every rank has submitted its name, so the gate rank's order is the global order and no rank waits
+on another's window: see ``docs/design.md`` ("Why the gate cannot deadlock").
+
+Errors raised in the completion thread are kept and re-raised in the training thread at its next
+call (``enqueue``, ``wait_all``, ``check``).
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+
+from .blocks import Block
+from .policies.base import Policy
+
+log = logging.getLogger("dcredit_hvd")
+
+
+@dataclass(order=True)
+class Item:
+    """A queued or in-flight block and the tensor Horovod reduces in place."""
+
+    key: tuple[int, int]
+    seq: int
+    block: Block = field(compare=False)
+    payload: torch.Tensor = field(compare=False)
+    #: Called with Horovod's output once the all-reduce finished (write-back of compressed data).
+    finish: Optional[Callable[[torch.Tensor], None]] = field(compare=False, default=None)
+    handle: Optional[int] = field(compare=False, default=None)
+    submitted_at: float = field(compare=False, default=0.0)
+
+
+class SchedulerError(RuntimeError):
+    """An error raised in the completion thread, re-raised in the training thread."""
+
+
+class BlockScheduler:
+    """Queue + gate + completion thread for one optimizer.
+
+    ``submit(item) -> handle``, ``poll(handle) -> bool`` and ``collect(handle) -> tensor`` are the
+    transport (``comm`` in production; tests may pass their own).
+    """
+
+    def __init__(self, policy: Policy, *, submit: Callable[[Item], int],
+                 poll: Callable[[int], bool], collect: Callable[[int], torch.Tensor],
+                 poll_seconds: float = 0.0005, stall_seconds: float = 60.0) -> None:
+        self.policy = policy
+        self._submit = submit
+        self._poll = poll
+        self._collect = collect
+        self._poll_seconds = poll_seconds
+        self._stall_seconds = stall_seconds
+        self._cond = threading.Condition(threading.Lock())
+        self._queue: list[Item] = []
+        self._inflight: list[Item] = []
+        self._outstanding = 0          # queued + in flight
+        self._seq = itertools.count()
+        self._error: Optional[BaseException] = None
+        self._thread: Optional[threading.Thread] = None
+        self._closed = False
+        self._iteration_open = False
+        self.submitted_names: list[str] = []   # this iteration, in submission order (for tests/timeline)
+
+    # -- training-thread side -------------------------------------------------------------
+    def start_iteration(self) -> None:
+        with self._cond:
+            self._raise_if_failed()
+            assert self._outstanding == 0, "start_iteration with blocks outstanding"
+            self.policy.start_iteration()
+            self.submitted_names = []
+            self._iteration_open = True
+
+    @property
+    def iteration_open(self) -> bool:
+        return self._iteration_open
+
+    def enqueue(self, tensor: int, items: list[Item]) -> None:
+        """Gradient ``tensor`` is ready: queue its blocks, tell the policy, release what it allows."""
+        with self._cond:
+            self._raise_if_failed()
+            if not self._iteration_open:
+                raise AssertionError("enqueue outside an iteration")
+            for item in items:
+                item.seq = next(self._seq)
+                heapq.heappush(self._queue, item)
+            self._outstanding += len(items)
+            self.policy.on_ready(tensor)
+            self._pump()
+
+    def end_backward(self) -> None:
+        with self._cond:
+            self._raise_if_failed()
+            self.policy.on_backward_end()
+            self._pump()
+
+    def wait_all(self) -> None:
+        """Block until every queued block has completed; re-raise completion-thread errors."""
+        with self._cond:
+            started = time.monotonic()
+            warned = False
+            while self._outstanding and self._error is None:
+                self._cond.wait(timeout=1.0)
+                waited = time.monotonic() - started
+                if not warned and waited > self._stall_seconds:
+                    warned = True
+                    log.warning("dcredit_hvd: %d block(s) still outstanding after %.0f s; waiting "
+                                "for: %s. A rank may have stopped submitting (uneven batches, "
+                                "rank-dependent control flow or a failed peer).",
+                                self._outstanding, waited, self._describe_waiting())
+            self._raise_if_failed()
+            self._iteration_open = False
+
+    def check(self) -> None:
+        with self._cond:
+            self._raise_if_failed()
+
+    @property
+    def outstanding(self) -> int:
+        return self._outstanding
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5.0)
+
+    # -- gate ---------------------------------------------------------------------------
+    def _pump(self) -> None:
+        """Release the head of the queue while the policy admits it (lock held)."""
+        released = False
+        while self._queue and self.policy.admit(self._queue[0].block):
+            item = heapq.heappop(self._queue)
+            try:
+                item.handle = self._submit(item)
+            except BaseException as exc:  # a Horovod error on submission
+                self._fail(exc)
+                raise
+            item.submitted_at = time.monotonic()
+            self.submitted_names.append(item.block.name)
+            self._inflight.append(item)
+            released = True
+        if released:
+            self._ensure_thread()
+            self._cond.notify_all()
+
+    # -- completion thread --------------------------------------------------------------
+    def _ensure_thread(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name="dcredit-completion", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while not self._inflight and not self._closed:
+                        self._cond.wait()
+                    if self._closed:
+                        return
+                    inflight = list(self._inflight)
+                done = [item for item in inflight if self._poll(item.handle)]
+                if not done:
+                    time.sleep(self._poll_seconds)
+                    continue
+                for item in done:
+                    output = self._collect(item.handle)
+                    if item.finish is not None:
+                        item.finish(output)
+                with self._cond:
+                    for item in done:
+                        self._inflight.remove(item)
+                        self._outstanding -= 1
+                        self.policy.on_complete(item.block)
+                    self._pump()
+                    self._cond.notify_all()
+        except BaseException as exc:  # surfaced in the training thread
+            with self._cond:
+                self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._error is None:
+            self._error = exc
+        self._cond.notify_all()
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            exc = self._error
+            raise SchedulerError(f"dcredit_hvd: the communication thread failed: "
+                                 f"{type(exc).__name__}: {exc}") from exc
+
+    def _describe_waiting(self) -> str:
+        names = [i.block.name for i in self._inflight[:5]]
+        queued = [i.block.name for i in sorted(self._queue)[:5]]
+        return f"in flight {names}{'...' if len(self._inflight) > 5 else ''}, " \
+               f"queued {queued}{'...' if len(self._queue) > 5 else ''}"
+
+
+def describe_item(item: Item) -> dict[str, Any]:
+    return {"name": item.block.name, "key": item.block.key, "bytes": item.block.nbytes}

@@ -1,0 +1,458 @@
+"""Discrete-event simulation of steady-state training iterations under each scheduling policy.
+
+What is simulated, per iteration, on ``n`` identical workers (one timeline stands for all):
+
+* compute: forward of tensors ``0..L-1`` (``t_f``), backward ``L-1..0`` (``t_b``; gradient ``l`` is
+  ready at ``r_l`` after backward starts, ``Profile.ready_times``), optimizer updates (``t_u``);
+  communication never slows compute (no contention is modelled);
+* the runtime gate: a priority queue of ready blocks (lowest ``(tensor, index)`` first) and the
+  policy, DRIVEN THROUGH ITS OWN ``Policy`` INTERFACE exactly as ``scheduler.BlockScheduler``
+  drives it (``bind``, ``start_iteration``, ``on_ready`` then pump, ``on_backward_end`` then pump,
+  ``on_complete`` for each finished block then pump; pump = release the head while ``admit``
+  says yes).  There is no second implementation of any window rule here;
+* Horovod underneath (0.28 defaults): its background loop starts a cycle every ``cycle_s``
+  (``HOROVOD_CYCLE_TIME``, 1 ms) or, when the previous cycle's all-reduces ran longer, as soon as
+  they finish; a cycle takes every block submitted before it started, fuses them in submission
+  order into buffers of at most ``fusion_bytes`` (``HOROVOD_FUSION_THRESHOLD``, 128 MiB; 0 = one
+  all-reduce per block) and runs those all-reduces one after the other, each costing
+  ``a + b * bytes`` (``costmodel.CostModel``).  Blocks released while a cycle runs wait for the
+  next cycle; completions reach the gate after the next cycle has started (the runtime learns of
+  them by polling).  This is the synchronous CPU (MPI/Gloo) execution the project runs on; with
+  NCCL, Horovod enqueues all-reduces on a stream and does not wait, which this model ignores.
+
+Two modes.  ``overlap_forward=False``: ``step()`` waits for every all-reduce, updates, then the
+next forward starts (what the runtime does today).  ``overlap_forward=True``: the forward of
+tensor ``l`` in the next iteration waits only for tensor ``l``'s reduced gradient and its update
+(D-Credit's phase 2, Gao et al., IEEE TNSE 12(2), 2025; ByteScheduler's cross-iteration overlap).
+The plain ``horovod`` baseline is ``hvd.DistributedOptimizer``, which synchronises in ``step()``,
+so it never overlaps the next forward.
+
+Reported per policy: the iteration period in steady state (mean over ``iterations`` after
+``warmup``), link busy time, exposed communication (period minus compute), and the lower bound
+``max(compute, a + b * total bytes)``: no schedule can beat one fused all-reduce of everything
+hidden entirely behind compute (spec §1).
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .blocks import Block, TensorLayout, build_layout
+from .costmodel import CostModel
+from .policies.base import Immediate, Policy
+from .policies.bytescheduler import ByteScheduler
+from .policies.wfbp import WFBP
+from .profile import Profile
+
+#: ByteScheduler's defaults, 1M and 4M float32 elements (spec §7), as in ``config.py``.
+DEFAULT_PARTITION_BYTES = 4_000_000
+DEFAULT_CREDIT_BYTES = 16_000_000
+#: Horovod 0.28 defaults: ``HOROVOD_CYCLE_TIME`` 1 ms, ``HOROVOD_FUSION_THRESHOLD`` 128 MiB.
+DEFAULT_CYCLE_S = 0.001
+DEFAULT_FUSION_BYTES = 128 << 20
+#: Fixed cost of one all-reduce besides the network (kernel launch, fusion-buffer set-up,
+#: Horovod's per-response bookkeeping).  The per-cycle negotiation is the cycle itself.
+DEFAULT_OP_OVERHEAD_S = 50e-6
+#: Partition sizes the D-Credit search tries: 256 KiB .. 64 MiB, powers of two.
+DEFAULT_CANDIDATES: tuple[int, ...] = tuple(1 << k for k in range(18, 27))
+
+#: Names ``simulate`` accepts besides Policy objects.
+POLICY_NAMES = ("horovod", "wfbp", "bytescheduler", "dcredit", "immediate")
+#: Row names of the bounds in ``compare``.
+LOWER_BOUND = "lower_bound"
+NO_OVERLAP_BOUND = "no_overlap_bound"
+
+_READY, _TICK, _END = 0, 1, 2  # order of simultaneous events (see module docstring)
+
+
+def link_cost(bandwidth_bits_per_s: float, latency_s: float, workers: int,
+              op_overhead_s: float = DEFAULT_OP_OVERHEAD_S) -> CostModel:
+    """The alpha-beta cost of a ring all-reduce among ``workers`` over links of the given speed.
+
+    A ring all-reduce sends ``2(n-1)/n`` of the buffer over each link in ``2(n-1)`` steps, so
+    ``b = 2(n-1)/n * 8 / bandwidth`` seconds per byte and ``a = 2(n-1) * latency + op_overhead_s``.
+    One worker communicates nothing: ``b = 0``, ``a = op_overhead_s``.
+    """
+    if bandwidth_bits_per_s <= 0:
+        raise ValueError(f"bandwidth must be > 0 bit/s, got {bandwidth_bits_per_s}")
+    if latency_s < 0 or op_overhead_s < 0:
+        raise ValueError("latency and per-op overhead must be >= 0 seconds")
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    n = workers
+    return CostModel(a=2 * (n - 1) * latency_s + op_overhead_s,
+                     b=2 * (n - 1) / n * 8.0 / bandwidth_bits_per_s)
+
+
+@dataclass(frozen=True)
+class Op:
+    """One all-reduce Horovod ran: when, how many bytes, which blocks (their ``(tensor, index)``)."""
+
+    start: float
+    end: float
+    nbytes: int
+    blocks: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """Steady-state figures of one policy; times in seconds, per iteration."""
+
+    policy: str
+    description: str
+    iteration_s: float
+    compute_s: float
+    link_busy_s: float
+    lower_bound_s: float
+    ops_per_iteration: float
+    blocks_per_iteration: int
+    partition_bytes: int | None
+    overlap_forward: bool
+    fusion_bytes: int
+    cycle_s: float
+    #: The last measured iteration's all-reduces, times from the start of its backward.
+    trace: tuple[Op, ...] = ()
+    #: The D-Credit plan simulated, when the policy is ``dcredit``.
+    plan: Any = None
+    #: ``(partition_bytes, simulated seconds)`` tried by the partition search, if one ran.
+    search: tuple[tuple[int, float], ...] = ()
+
+    @property
+    def exposed_comm_s(self) -> float:
+        """Time the iteration is longer than its compute: communication not hidden."""
+        return self.iteration_s - self.compute_s
+
+    @property
+    def gap(self) -> float:
+        """Iteration time over the lower bound (1.0 = the physical limit)."""
+        return self.iteration_s / self.lower_bound_s if self.lower_bound_s > 0 else math.inf
+
+
+class SimulationStalled(RuntimeError):
+    """The policy refused the head of the queue with nothing in flight and nothing to come."""
+
+
+@dataclass
+class _Iteration:
+    done: list[float]          # when each tensor's last block finished all-reducing
+    last_end: float            # when the iteration's last all-reduce finished
+    busy: float                # link busy seconds
+    ops: list[Op] = field(default_factory=list)
+
+
+class _Engine:
+    """The gate + Horovod loop.  State that survives an iteration: the cycle grid."""
+
+    def __init__(self, profile: Profile, cost: CostModel, policy: Policy,
+                 layouts: Sequence[TensorLayout], cycle_s: float, fusion_bytes: int) -> None:
+        self.cost = cost
+        self.policy = policy
+        self.layouts = layouts
+        self.cycle = cycle_s
+        self.fusion = fusion_bytes
+        self.ready = profile.ready_times()
+        self.grid = 0.0                       # start of the last Horovod cycle that ran
+        self.carried_tick: float | None = None
+
+    def _next_tick(self, now: float) -> float:
+        """First cycle start after the last one that ran, not before ``now`` (Horovod idles
+        on a fixed grid of ``cycle_s`` from its last cycle start)."""
+        if self.cycle <= 0:
+            return max(now, self.grid)
+        k = max(1, math.ceil((now - self.grid) / self.cycle - 1e-9))
+        return self.grid + k * self.cycle
+
+    def iteration(self, t0: float) -> _Iteration:
+        """One iteration's communication; backward starts at ``t0``."""
+        policy, layouts, cost, fusion = self.policy, self.layouts, self.cost, self.fusion
+        L = len(layouts)
+        events: list[tuple[float, int, int, Any]] = []
+        seq = 0
+        for l in range(L - 1, -1, -1):
+            events.append((t0 + self.ready[l], _READY, seq, l))
+            seq += 1
+        tick_at = self.carried_tick
+        self.carried_tick = None
+        if tick_at is not None:
+            events.append((tick_at, _TICK, seq, None))
+            seq += 1
+        heapq.heapify(events)
+
+        queue: list[tuple[int, int, Block]] = []     # ready, not released
+        pending: list[Block] = []                    # released, waiting for a Horovod cycle
+        remaining = [len(layout.blocks) for layout in layouts]
+        outstanding = sum(remaining)
+        done = [math.nan] * L
+        readies_left = L
+        result = _Iteration(done, t0, 0.0)
+        policy.start_iteration()
+
+        def pump(now: float) -> None:
+            nonlocal tick_at, seq
+            while queue and policy.admit(queue[0][2]):
+                pending.append(heapq.heappop(queue)[2])
+            if pending and tick_at is None:
+                tick_at = self._next_tick(now)
+                heapq.heappush(events, (tick_at, _TICK, seq, None))
+                seq += 1
+
+        while events:
+            if outstanding == 0 and readies_left == 0:
+                break  # only the next (idle) cycle start is left: carry it over
+            now, kind, _, data = heapq.heappop(events)
+            if kind == _READY:
+                l = data
+                readies_left -= 1
+                for block in layouts[l].blocks:
+                    heapq.heappush(queue, (block.tensor, block.index, block))
+                policy.on_ready(l)
+                pump(now)
+                if l == 0:
+                    policy.on_backward_end()
+                    pump(now)
+            elif kind == _TICK:
+                tick_at = None
+                self.grid = now
+                if not pending:
+                    continue
+                start = now
+                group: list[Block] = []
+                size = 0
+                for block in pending + [None]:  # type: ignore[list-item]
+                    if group and (block is None or fusion <= 0 or size + block.nbytes > fusion):
+                        end = start + cost.time(size)
+                        op = Op(start, end, size, tuple(b.key for b in group))
+                        result.ops.append(op)
+                        result.busy += end - start
+                        heapq.heappush(events, (end, _END, seq, group))
+                        seq += 1
+                        start, group, size = end, [], 0
+                    if block is not None:
+                        group.append(block)
+                        size += block.nbytes
+                pending.clear()
+                tick_at = start if self.cycle <= 0 else max(now + self.cycle, start)
+                heapq.heappush(events, (tick_at, _TICK, seq, None))
+                seq += 1
+            else:
+                for block in data:
+                    t = block.tensor
+                    remaining[t] -= 1
+                    if remaining[t] < 0:
+                        raise AssertionError(f"block {block.key} of {block.name} sent twice")
+                    if remaining[t] == 0:
+                        done[t] = now
+                    outstanding -= 1
+                    policy.on_complete(block)
+                result.last_end = max(result.last_end, now)
+                pump(now)
+
+        if outstanding or readies_left:
+            stuck = [b.name for _, _, b in sorted(queue)[:3]]
+            raise SimulationStalled(
+                f"{policy.describe()} stalled: {outstanding} block(s) never completed; the policy "
+                f"refuses the queue head with nothing in flight (queued: {stuck}...)")
+        self.carried_tick = tick_at
+        return result
+
+
+def _layouts(profile: Profile, partition_bytes: int | None) -> list[TensorLayout]:
+    numels = []
+    for name, nbytes, esize in zip(profile.names, profile.nbytes, profile.element_size):
+        if nbytes % esize:
+            raise ValueError(f"tensor {name}: {nbytes} bytes is not a whole number of "
+                             f"{esize}-byte elements")
+        numels.append(nbytes // esize)
+    return build_layout(profile.names, numels, profile.element_size, partition_bytes, prefix="sim")
+
+
+def lower_bound(profile: Profile, cost: CostModel) -> float:
+    """``max(compute, a + b * total bytes)``: the physical limit of one iteration (spec §1)."""
+    compute = profile.forward_time + profile.backward_time + sum(profile.t_u)
+    return max(compute, cost.time(profile.total_bytes))
+
+
+def no_overlap_bound(profile: Profile, cost: CostModel) -> float:
+    """The best any schedule can do when ``step()`` waits for every all-reduce.
+
+    All communication happens between the first gradient (``r_{L-1}``) and the step, costs at
+    least one startup plus every byte, and tensor 0's bytes cannot leave before backward ends::
+
+        forward + updates + max(r_{L-1} + T(total bytes), r_0 + T(M_0))
+
+    Only overlapping the next forward (``overlap_forward=True``) can go below it, down to
+    :func:`lower_bound`.
+    """
+    ready = profile.ready_times()
+    span = max(ready[-1] + cost.time(profile.total_bytes), ready[0] + cost.time(profile.nbytes[0]))
+    return profile.forward_time + sum(profile.t_u) + span
+
+
+def make_policy(name: str, profile: Profile, cost: CostModel, *,
+                partition_bytes: int = DEFAULT_PARTITION_BYTES,
+                credit_bytes: int = DEFAULT_CREDIT_BYTES) -> Policy:
+    """The policy object a simulator name stands for (``horovod`` is ``Immediate`` on whole tensors)."""
+    if name in ("horovod", "immediate"):
+        return Immediate()
+    if name == "wfbp":
+        return WFBP()
+    if name == "bytescheduler":
+        return ByteScheduler(credit_bytes)
+    if name == "dcredit":
+        from .planner import plan
+        from .policies.dcredit import DCredit
+        return DCredit(plan(profile, cost, partition_bytes))
+    raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICY_NAMES)}")
+
+
+def simulate(profile: Profile, cost: CostModel, policy: str | Policy, *,
+             partition_bytes: int | None = DEFAULT_PARTITION_BYTES,
+             credit_bytes: int = DEFAULT_CREDIT_BYTES, overlap_forward: bool = False,
+             cycle_s: float = DEFAULT_CYCLE_S, fusion_bytes: int | None = None,
+             warmup: int = 1, iterations: int = 2) -> SimResult:
+    """Simulate ``policy`` (a name in ``POLICY_NAMES`` or a ``Policy`` object) on ``profile``.
+
+    ``partition_bytes`` is offered to the policy (``Policy.partition_bytes``: ``wfbp`` keeps
+    tensors whole, ``dcredit`` uses its plan's).  ``horovod`` sends whole tensors at their ready
+    time with fusion and never overlaps the next forward.  ``fusion_bytes=None`` means Horovod's
+    128 MiB, except for ``wfbp``, which by definition sends one all-reduce per tensor with no
+    fusion (spec §7).  A Policy object passed in is bound to this profile's layout.
+    """
+    if cycle_s < 0:
+        raise ValueError(f"cycle_s must be >= 0, got {cycle_s}")
+    if warmup < 0 or iterations < 1:
+        raise ValueError("need warmup >= 0 and iterations >= 1")
+    if isinstance(policy, str):
+        label = policy.lower()
+        obj = make_policy(label, profile, cost, partition_bytes=partition_bytes or DEFAULT_PARTITION_BYTES,
+                          credit_bytes=credit_bytes)
+    else:
+        label, obj = policy.name, policy
+    if label == "horovod":
+        part: int | None = None
+        overlap_forward = False
+    else:
+        part = obj.partition_bytes(partition_bytes)
+    if fusion_bytes is None:
+        fusion_bytes = 0 if label == "wfbp" else DEFAULT_FUSION_BYTES
+    layouts = _layouts(profile, part)
+    obj.bind(layouts)
+    engine = _Engine(profile, cost, obj, layouts, cycle_s, fusion_bytes)
+
+    t_f = profile.t_f
+    t_u = profile.t_u or (0.0,) * profile.num_tensors
+    fwd, bwd, upd = profile.forward_time, profile.backward_time, sum(t_u)
+    start = fwd                     # iteration 0's forward waits for nothing
+    starts = [start]
+    busy = ops = 0.0
+    last: _Iteration | None = None
+    for k in range(warmup + iterations):
+        it = engine.iteration(start)
+        if overlap_forward:
+            f = start + bwd
+            for l in range(profile.num_tensors):
+                f = max(f, it.done[l]) + t_u[l] + t_f[l]
+            start = f
+        else:
+            start = max(start + bwd, it.last_end) + upd + fwd
+        starts.append(start)
+        if k >= warmup:
+            busy += it.busy
+            ops += len(it.ops)
+            last = it
+    assert last is not None
+    t0 = starts[-2]
+    trace = tuple(Op(o.start - t0, o.end - t0, o.nbytes, o.blocks) for o in last.ops)
+    return SimResult(
+        policy=label,
+        description="horovod(DistributedOptimizer)" if label == "horovod" else obj.describe(),
+        iteration_s=(starts[-1] - starts[warmup]) / iterations,
+        compute_s=fwd + bwd + upd,
+        link_busy_s=busy / iterations,
+        lower_bound_s=lower_bound(profile, cost),
+        ops_per_iteration=ops / iterations,
+        blocks_per_iteration=sum(len(layout.blocks) for layout in layouts),
+        partition_bytes=part,
+        overlap_forward=overlap_forward,
+        fusion_bytes=fusion_bytes,
+        cycle_s=cycle_s,
+        trace=trace,
+        plan=getattr(obj, "plan", None),
+    )
+
+
+def best_dcredit(profile: Profile, cost: CostModel, *,
+                 candidates: Sequence[int] = DEFAULT_CANDIDATES, overlap_forward: bool = False,
+                 cycle_s: float = DEFAULT_CYCLE_S, fusion_bytes: int | None = None,
+                 warmup: int = 1, iterations: int = 2) -> SimResult:
+    """D-Credit with the partition size chosen by ``planner.choose_partition``, using this
+    simulator as the predictor (the paper tunes ``S_p`` by Bayesian optimisation on the live
+    job; a simulator makes trying every candidate cheap)."""
+    from .planner import choose_partition, plan
+    from .policies.dcredit import DCredit
+
+    def run(size: int) -> SimResult:
+        return simulate(profile, cost, DCredit(plan(profile, cost, size)),
+                        overlap_forward=overlap_forward, cycle_s=cycle_s,
+                        fusion_bytes=fusion_bytes, warmup=warmup, iterations=iterations)
+
+    cache: dict[int, SimResult] = {}
+
+    def predict(_profile: Profile, _cost: CostModel, size: int) -> float:
+        cache[size] = run(size)
+        return cache[size].iteration_s
+
+    best, table = choose_partition(profile, cost, candidates, predict)
+    result = cache.get(best) or run(best)
+    return _replace(result, search=tuple(table))
+
+
+def _replace(result: SimResult, **changes: Any) -> SimResult:
+    from dataclasses import replace
+    return replace(result, **changes)
+
+
+def compare(profile: Profile, cost: CostModel, *,
+            policies: Sequence[str] = ("horovod", "wfbp", "bytescheduler", "dcredit"),
+            partition_bytes: int = DEFAULT_PARTITION_BYTES,
+            credit_bytes: int = DEFAULT_CREDIT_BYTES, overlap_forward: bool = False,
+            cycle_s: float = DEFAULT_CYCLE_S, fusion_bytes: int | None = None,
+            candidates: Sequence[int] = DEFAULT_CANDIDATES,
+            warmup: int = 1, iterations: int = 2) -> list[SimResult]:
+    """Every policy side by side on one profile and link, then the bounds as last rows:
+    ``no_overlap_bound`` (only when ``overlap_forward`` is False) and ``lower_bound``.
+
+    ``dcredit`` gets its partition from :func:`best_dcredit` (``candidates``); the baselines run
+    at ``partition_bytes``/``credit_bytes`` (ByteScheduler's defaults unless told otherwise).
+    """
+    rows = []
+    for name in policies:
+        if name == "dcredit":
+            rows.append(best_dcredit(profile, cost, candidates=candidates,
+                                     overlap_forward=overlap_forward, cycle_s=cycle_s,
+                                     fusion_bytes=fusion_bytes, warmup=warmup,
+                                     iterations=iterations))
+        else:
+            rows.append(simulate(profile, cost, name, partition_bytes=partition_bytes,
+                                 credit_bytes=credit_bytes, overlap_forward=overlap_forward,
+                                 cycle_s=cycle_s, fusion_bytes=fusion_bytes, warmup=warmup,
+                                 iterations=iterations))
+    bound = lower_bound(profile, cost)
+    compute = profile.forward_time + profile.backward_time + sum(profile.t_u)
+    if not overlap_forward:
+        rows.append(SimResult(
+            policy=NO_OVERLAP_BOUND,
+            description="forward + updates + max(r_{L-1} + T(total), r_0 + T(M_0))",
+            iteration_s=no_overlap_bound(profile, cost), compute_s=compute,
+            link_busy_s=cost.time(profile.total_bytes), lower_bound_s=bound, ops_per_iteration=1,
+            blocks_per_iteration=profile.num_tensors, partition_bytes=None,
+            overlap_forward=False, fusion_bytes=0, cycle_s=0.0))
+    rows.append(SimResult(
+        policy=LOWER_BOUND, description="max(compute, a + b * total bytes)", iteration_s=bound,
+        compute_s=compute, link_busy_s=cost.time(profile.total_bytes), lower_bound_s=bound,
+        ops_per_iteration=1, blocks_per_iteration=profile.num_tensors, partition_bytes=None,
+        overlap_forward=overlap_forward, fusion_bytes=0, cycle_s=0.0))
+    return rows

@@ -1,0 +1,66 @@
+"""Small models and a training loop shared by the multi-rank tests."""
+from __future__ import annotations
+
+from typing import Callable
+
+import horovod.torch as hvd
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class SmallNet(nn.Module):
+    """Convolution, batch norm, linear layers; one frozen parameter; one parameter (``extra``)
+    used on rank 0 only, so rank 1 never computes its gradient."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.proj = nn.Linear(8 * 8 * 8, 64)
+        self.proj.weight.requires_grad_(False)      # frozen
+        self.head = nn.Linear(64, 10)
+        self.extra = nn.Linear(64, 10)              # unused on rank 1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.bn(self.conv(x)))
+        x = F.relu(self.proj(x.flatten(1)))
+        out = self.head(x)
+        if hvd.rank() == 0:
+            out = out + self.extra(x)
+        return out
+
+
+def make_model(seed: int = 7) -> SmallNet:
+    torch.manual_seed(seed)
+    return SmallNet()
+
+
+def batches(steps: int, passes: int = 1, batch: int = 4):
+    gen = torch.Generator().manual_seed(1000 + hvd.rank())
+    return [[(torch.randn(batch, 3, 8, 8, generator=gen),
+              torch.randint(0, 10, (batch,), generator=gen)) for _ in range(passes)]
+            for _ in range(steps)]
+
+
+def train(model: nn.Module, opt: torch.optim.Optimizer, steps: int = 5, passes: int = 1,
+          before_step: Callable[[torch.optim.Optimizer], None] | None = None,
+          set_to_none: bool = True) -> list[torch.Tensor]:
+    for micro in batches(steps, passes):
+        opt.zero_grad(set_to_none=set_to_none)
+        for x, y in micro:
+            F.cross_entropy(model(x), y).backward()
+        if before_step is not None:
+            before_step(opt)
+        else:
+            opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def max_rel_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    return max(float(((x - y).abs() / (y.abs() + 1e-12)).max()) for x, y in zip(a, b))
+
+
+def params_close(a: list[torch.Tensor], b: list[torch.Tensor], rtol: float = 1e-5,
+                 atol: float = 1e-7) -> bool:
+    return len(a) == len(b) and all(torch.allclose(x, y, rtol=rtol, atol=atol) for x, y in zip(a, b))

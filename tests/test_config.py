@@ -1,0 +1,44 @@
+"""Configuration: keyword > DCREDIT_* environment > default, and clear errors for bad values."""
+import pytest
+
+from dcredit_hvd.config import SchedulerConfig, parse_bytes
+
+
+def test_keyword_beats_environment_beats_default():
+    env = {"DCREDIT_POLICY": "wfbp", "DCREDIT_CREDIT_BYTES": "1MiB"}
+    config = SchedulerConfig.resolve(env, policy="bytescheduler")
+    assert config.policy == "bytescheduler" and config.sources["policy"] == "keyword"
+    assert config.credit_bytes == 2**20 and config.sources["credit_bytes"] == "environment"
+    assert config.partition_bytes == 4_000_000 and config.sources["partition_bytes"] == "default"
+
+
+@pytest.mark.parametrize("text,expected", [("4MiB", 4 * 2**20), ("4MB", 4_000_000),
+                                           ("512", 512), ("1.5k", 1500), (2048, 2048)])
+def test_sizes_accept_units(text, expected):
+    assert parse_bytes(text, "partition_bytes") == expected
+
+
+def test_unknown_policy_names_the_choices():
+    with pytest.raises(ValueError, match=r"'fastest' is not a known policy; choose one of wfbp, bytescheduler"):
+        SchedulerConfig.resolve({}, policy="fastest")
+
+
+def test_unknown_policy_from_environment_names_the_variable():
+    with pytest.raises(ValueError, match="DCREDIT_POLICY"):
+        SchedulerConfig.resolve({"DCREDIT_POLICY": "nope"})
+
+
+@pytest.mark.parametrize("bad", [0, -5, "0", "-1MiB", "lots", "nan"])
+def test_partition_must_be_a_positive_size(bad):
+    with pytest.raises(ValueError, match="partition_bytes must be"):
+        SchedulerConfig.resolve({}, partition_bytes=bad)
+
+
+def test_credit_from_environment_must_be_a_number():
+    with pytest.raises(ValueError, match=r"DCREDIT_CREDIT_BYTES \(environment\) must be a number"):
+        SchedulerConfig.resolve({"DCREDIT_CREDIT_BYTES": "many"})
+
+
+def test_unknown_option_is_a_type_error():
+    with pytest.raises(TypeError, match="unknown scheduler option"):
+        SchedulerConfig.resolve({}, credits=5)
