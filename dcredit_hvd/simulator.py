@@ -30,14 +30,18 @@ so it never overlaps the next forward.
 Reported per policy: the iteration period in steady state (mean over ``iterations`` after
 ``warmup``), link busy time, exposed communication (period minus compute), and the lower bound
 ``max(compute, a + b * total bytes)``: no schedule can beat one fused all-reduce of everything
-hidden entirely behind compute (spec §1).
+hidden entirely behind compute (spec §1).  ``no_overlap_bound`` is the tighter limit of any
+schedule whose ``step()`` waits for every all-reduce.
+
+The simulator is the honest ``predict`` for ``planner.choose_partition`` (``best_dcredit``):
+unlike the planner's own timeline it sees Horovod's cycle, fusion and per-window startups.
 """
 from __future__ import annotations
 
 import heapq
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .blocks import Block, TensorLayout, build_layout
@@ -407,12 +411,7 @@ def best_dcredit(profile: Profile, cost: CostModel, *,
 
     best, table = choose_partition(profile, cost, candidates, predict)
     result = cache.get(best) or run(best)
-    return _replace(result, search=tuple(table))
-
-
-def _replace(result: SimResult, **changes: Any) -> SimResult:
-    from dataclasses import replace
-    return replace(result, **changes)
+    return replace(result, search=tuple(table))
 
 
 def compare(profile: Profile, cost: CostModel, *,

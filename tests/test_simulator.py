@@ -234,14 +234,25 @@ def test_lower_bound_is_max_of_compute_and_one_fused_allreduce():
     assert sim.lower_bound(p, CostModel(a=1, b=0.01)) == pytest.approx(1 + 30)
 
 
-def test_compare_runs_every_policy_and_ends_with_the_lower_bound():
+def test_no_overlap_bound_adds_forward_to_the_communication_span():
+    # r_1 = 3, r_0 = 5: max(3 + T(3000) = 7, 5 + T(1000) = 7) = 7, plus 1.5 of forward.
+    p = prof([1000, 2000], [0.75, 0.75], [2.0, 3.0])
+    assert sim.no_overlap_bound(p, COST) == pytest.approx(8.5)
+    # The wfbp hand case above (10 s) pays 1.5 s more: 0.5 s waiting for a cycle, one startup.
+    assert sim.simulate(p, COST, "wfbp", cycle_s=1.0).iteration_s >= 8.5
+
+
+def test_compare_runs_every_policy_and_ends_with_the_bounds():
     p = prof([40_000, 80_000, 4_000], [0.01] * 3, [0.02] * 3)
     cost = CostModel(a=1e-4, b=1e-7)
     rows = sim.compare(p, cost, candidates=(4096, 16384, 65536))
     assert [r.policy for r in rows] == ["horovod", "wfbp", "bytescheduler", "dcredit",
-                                        sim.LOWER_BOUND]
+                                        sim.NO_OVERLAP_BOUND, sim.LOWER_BOUND]
     bound = rows[-1].iteration_s
     assert all(r.iteration_s >= bound * (1 - 1e-12) for r in rows)
+    assert all(r.iteration_s >= rows[-2].iteration_s * (1 - 1e-12) for r in rows[:-1])
+    overlapped = sim.compare(p, cost, candidates=(4096,), overlap_forward=True)
+    assert sim.NO_OVERLAP_BOUND not in [r.policy for r in overlapped]
     d = rows[3]
     assert [s for s, _ in d.search] == [4096, 16384, 65536]
     assert d.iteration_s == pytest.approx(min(t for _, t in d.search))
@@ -300,11 +311,13 @@ def _check(p: Profile, cost: CostModel, r: sim.SimResult) -> None:
     for first, second in zip(r.trace, r.trace[1:]):
         assert second.start >= first.end - 1e-9
     assert r.link_busy_s >= cost.time(p.total_bytes) * (1 - 1e-9) - 1e-12
+    if not r.overlap_forward:
+        assert r.iteration_s >= sim.no_overlap_bound(p, cost) * (1 - 1e-9) - 1e-12
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases(), st.sampled_from(sim.POLICY_NAMES))
-def test_every_policy_is_at_least_the_lower_bound_and_sends_each_block_once(case, name):
+def test_every_policy_is_at_least_the_lower_bounds_and_sends_each_block_once(case, name):
     p, cost, options = case
     _check(p, cost, sim.simulate(p, cost, name, **options))
 
