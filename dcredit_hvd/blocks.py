@@ -13,8 +13,9 @@ A block is identified by ``(tensor, index)``; that pair is also its priority: lo
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional
 
 
 @dataclass(frozen=True, order=True)

@@ -11,6 +11,10 @@ from typing import Any
 import horovod.torch as hvd
 import torch
 
+#: The reduction ops, re-exported so no other module needs Horovod for them.
+AVERAGE = hvd.Average
+SUM = hvd.Sum
+
 
 def rank() -> int:
     return hvd.rank()

@@ -9,16 +9,11 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any, Optional
 
 from .policies import POLICIES
-
-#: Policies that exist in the design but are not implemented in this version.
-NOT_YET = {
-    "dcredit": "the dcredit policy (measured cost model + two-phase planner) is not implemented "
-    "in this version of dcredit_hvd; use policy='bytescheduler' or policy='wfbp'",
-}
 
 _UNITS = {
     "": 1, "b": 1,
@@ -47,6 +42,16 @@ def parse_bytes(value: Any, what: str) -> int:
     return int(number)
 
 
+def _parse_int(value: Any, what: str, low: int) -> int:
+    try:
+        number = int(str(value).strip()) if not isinstance(value, int) else value
+    except ValueError:
+        raise ValueError(f"{what} must be a whole number, got {value!r}") from None
+    if isinstance(value, bool) or number < low:
+        raise ValueError(f"{what} must be a whole number >= {low}, got {value!r}")
+    return number
+
+
 def _parse_float(value: Any, what: str, low: float) -> float:
     try:
         number = float(value)
@@ -62,9 +67,10 @@ class SchedulerConfig:
     """Everything the scheduler can be told.  See README "Configuration"."""
 
     #: Window rule: one of ``policies.POLICIES``.  ``DCREDIT_POLICY``.
-    policy: str = "bytescheduler"
+    policy: str = "dcredit"
     #: Largest block, in bytes as sent (after compression).  ``DCREDIT_PARTITION_BYTES``.
-    #: ByteScheduler's default, 1M float32 elements.
+    #: ByteScheduler's default, 1M float32 elements.  Under ``dcredit`` the planner chooses the
+    #: partition unless this is given explicitly (keyword or environment).
     partition_bytes: int = 4_000_000
     #: Bytes in flight allowed by ``bytescheduler``.  ``DCREDIT_CREDIT_BYTES``.
     #: ByteScheduler's default, 4M float32 elements.
@@ -72,6 +78,14 @@ class SchedulerConfig:
     #: Seconds between polls of in-flight all-reduces by the completion thread.
     #: ``DCREDIT_POLL_SECONDS``.  Horovod's own cycle is 1 ms, so polling faster gains little.
     poll_seconds: float = 0.0005
+    #: ``dcredit``: iterations run (under ``bytescheduler`` rules) before profiling starts, and
+    #: iterations averaged into the profile; the plan takes over after both, on every rank at
+    #: the same step.  ``DCREDIT_PROFILE_WARMUP``, ``DCREDIT_PROFILE_STEPS``.
+    profile_warmup: int = 2
+    profile_steps: int = 3
+    #: ``dcredit``: rank 0 writes the measured profile, cost model and plan to this JSON file
+    #: (read by ``python -m dcredit_hvd plan --profile``).  ``DCREDIT_PROFILE_OUT``.
+    profile_out: Optional[str] = None
     #: Where each field's value came from ("keyword", "environment", "default").
     sources: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -80,10 +94,13 @@ class SchedulerConfig:
         "partition_bytes": "DCREDIT_PARTITION_BYTES",
         "credit_bytes": "DCREDIT_CREDIT_BYTES",
         "poll_seconds": "DCREDIT_POLL_SECONDS",
+        "profile_warmup": "DCREDIT_PROFILE_WARMUP",
+        "profile_steps": "DCREDIT_PROFILE_STEPS",
+        "profile_out": "DCREDIT_PROFILE_OUT",
     }
 
     @classmethod
-    def resolve(cls, environ: Optional[Mapping[str, str]] = None, **keywords: Any) -> "SchedulerConfig":
+    def resolve(cls, environ: Optional[Mapping[str, str]] = None, **keywords: Any) -> SchedulerConfig:
         """Keyword (when not None) > ``DCREDIT_*`` variable > default; then validate."""
         environ = os.environ if environ is None else environ
         names = [f.name for f in dataclasses.fields(cls) if f.name != "sources"]
@@ -109,8 +126,6 @@ class SchedulerConfig:
         what = f"{name}" if source == "keyword" else f"{cls.ENV[name]} (environment)"
         if name == "policy":
             policy = str(value).strip().lower()
-            if policy in NOT_YET:
-                raise NotImplementedError(f"{what}={value!r}: {NOT_YET[policy]}")
             if policy not in POLICIES:
                 raise ValueError(f"{what}={value!r} is not a known policy; choose one of "
                                  f"{', '.join(POLICIES)}")
@@ -119,7 +134,17 @@ class SchedulerConfig:
             return parse_bytes(value, what)
         if name == "poll_seconds":
             return _parse_float(value, what, 0.0)
+        if name == "profile_warmup":
+            return _parse_int(value, what, 0)
+        if name == "profile_steps":
+            return _parse_int(value, what, 1)
+        if name == "profile_out":
+            return str(value)
         raise AssertionError(name)
+
+    def explicit(self, name: str) -> bool:
+        """Whether the user set ``name`` (keyword or environment) rather than leaving the default."""
+        return self.sources.get(name, "default") != "default"
 
     def summary(self) -> str:
         parts = []

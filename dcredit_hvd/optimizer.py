@@ -9,11 +9,14 @@ to Horovod by a policy (``scheduler``, ``policies``) instead of being submitted 
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
+import time
 import warnings
+from collections.abc import Iterable
 from contextlib import contextmanager
-from typing import Any, Iterable, Optional
+from typing import Any, Optional
 
 import horovod.torch as hvd
 import torch
@@ -22,6 +25,7 @@ from . import comm
 from .blocks import TensorLayout, build_layout
 from .config import SchedulerConfig
 from .policies import Immediate, make_policy
+from .profiler import StepProfiler, measure_cost_model
 from .scheduler import BlockScheduler, Item
 
 log = logging.getLogger("dcredit_hvd")
@@ -48,6 +52,40 @@ def _setup_logging() -> None:
         log.addHandler(handler)
         log.setLevel(os.environ.get("DCREDIT_LOG_LEVEL", "INFO").upper())
         log.propagate = False
+
+
+def _horovod_cycle_seconds() -> float:
+    """Horovod's background cycle (``HOROVOD_CYCLE_TIME``, ms, default 1), for the simulator."""
+    try:
+        return float(os.environ.get("HOROVOD_CYCLE_TIME", "1")) / 1000.0
+    except ValueError:
+        return 0.001
+
+
+def _log_plan(cost, samples, profile, plan, search, seconds: float) -> None:
+    _setup_logging()
+    log.info("cost model: T(bytes) = %.3g s + %.3g s/B * bytes (%.2f Gbit/s), relative "
+             "residual %s; from %s", cost.a, cost.b, 8e-9 / cost.b if cost.b else float("inf"),
+             f"{cost.residual:.3f}" if cost.residual is not None else "n/a",
+             ", ".join(f"{s} B: {t * 1e3:.2f} ms" for s, t in samples))
+    log.info("profile: %d tensors, %.1f MB, forward %.1f ms, backward %.1f ms",
+             profile.num_tensors, profile.total_bytes / 1e6, profile.forward_time * 1e3,
+             profile.backward_time * 1e3)
+    if search:
+        log.info("partition search (predicted iteration): %s",
+                 ", ".join(f"{s} B: {t * 1e3:.1f} ms" for s, t in search))
+    log.info("plan: %s; phase-1 windows %s; planned in %.2f s", plan.describe(),
+             [w for w in plan.phase1_windows if w], seconds)
+
+
+def _write_profile(path, cost, samples, profile, plan, search) -> None:
+    import dataclasses
+    record = {"cost": dataclasses.asdict(cost), "samples": samples,
+              "profile": dataclasses.asdict(profile),
+              "plan": {"partition_bytes": plan.partition_bytes, "windows": list(plan.windows)},
+              "search": [list(row) for row in search]}
+    with open(path, "w") as fh:
+        json.dump(record, fh, indent=1)
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -84,8 +122,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return
         self._is_gate = process_set.rank() == 0
         self._policy = make_policy(config)
+        self._plan = None
+        # dcredit profiles the live job first (under bytescheduler rules), then plans.
+        self._profiler = (StepProfiler(config.profile_warmup, config.profile_steps)
+                          if config.policy == "dcredit" else None)
         self._order = self._initial_order()
-        self._layouts = self._build_layouts()
+        self._layouts = self._build_layouts(self._policy.partition_bytes(config.partition_bytes))
         gate_policy = self._policy if self._is_gate else Immediate()
         gate_policy.bind(self._layouts)
         self._scheduler = BlockScheduler(
@@ -114,14 +156,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         dups = sorted({k for k in names if names.count(k) > 1})
         if dups:
             raise ValueError("Parameter names in named_parameters must be unique. "
-                             "Found duplicates: %s" % ", ".join(dups))
+                             f"Found duplicates: {', '.join(dups)}")
         all_params = {id(v) for _, v in named_parameters}
         unnamed = [id(p) for group in self.param_groups for p in group["params"]
                    if id(p) not in all_params]
         if unnamed:
             raise ValueError("named_parameters was specified, but one or more model parameters "
-                             "were not named. Python object ids: %s"
-                             % ", ".join(str(i) for i in unnamed))
+                             "were not named. Python object ids: "
+                             f"{', '.join(str(i) for i in unnamed)}")
         # Several names for one tensor (tied weights): keep the first, as model.named_parameters().
         seen, unique = set(), []
         for name, p in named_parameters:
@@ -140,12 +182,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         sample, _ = self._compression.compress(torch.zeros(1, dtype=p.dtype, device=p.device))
         return sample.element_size()
 
-    def _build_layouts(self) -> list[TensorLayout]:
+    def _build_layouts(self, partition_bytes: Optional[int]) -> list[TensorLayout]:
         self._index = {p: l for l, p in enumerate(self._order)}
         return build_layout([self._parameter_names[p] for p in self._order],
                             [p.numel() for p in self._order],
                             [self._element_size(p) for p in self._order],
-                            self._policy.partition_bytes(self._config.partition_bytes))
+                            partition_bytes)
 
     def _register_hooks(self, model: Optional[torch.nn.Module]) -> None:
         for p in self._requires_update:
@@ -157,16 +199,31 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             params = [p for p in module.parameters(recurse=False) if p in owned]
             if params:
                 self._hook_handles.append(
-                    module.register_forward_pre_hook(self._make_order_hook(params)))
+                    module.register_forward_pre_hook(self._make_layer_start_hook(params)))
+                self._hook_handles.append(
+                    module.register_forward_hook(self._make_layer_end_hook(params)))
+        self._hook_handles.append(model.register_forward_hook(self._model_forward_end))
 
-    def _make_order_hook(self, params):
+    def _make_layer_start_hook(self, params):
         def hook(module, inputs):
             if not self._forward_order_applied:
                 for p in params:
                     if p not in self._forward_seen:
                         self._forward_seen.add(p)
                         self._forward_order.append(p)
+            if self._profiler is not None:
+                self._profiler.layer_start(module)
         return hook
+
+    def _make_layer_end_hook(self, params):
+        def hook(module, inputs, output):
+            if self._profiler is not None:
+                self._profiler.layer_end(module, params)
+        return hook
+
+    def _model_forward_end(self, module, inputs, output):
+        if self._profiler is not None:
+            self._profiler.forward_end()
 
     def _apply_forward_order(self) -> None:
         """Re-index tensors in the order forward first used them (spec §2), once, between
@@ -178,8 +235,52 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         order = self._forward_order + [p for p in self._order if p not in seen]
         if order != self._order:
             self._order = order
-            self._layouts = self._build_layouts()
+            self._layouts = self._build_layouts(self._layouts_partition())
             self._scheduler.policy.bind(self._layouts)
+
+    def _layouts_partition(self) -> Optional[int]:
+        if self._plan is not None:
+            return self._plan.partition_bytes
+        return self._policy.partition_bytes(self._config.partition_bytes)
+
+    def _install_plan(self) -> None:
+        """Measure the link, plan on rank 0, broadcast, and switch every rank to the plan.
+
+        Called at the same step on every rank (the end of ``synchronize`` once the profiler has
+        seen ``profile_warmup + profile_steps`` iterations): it runs collectives.
+        """
+        from . import planner, simulator
+
+        profiler, self._profiler = self._profiler, None
+        total = sum(t.nbytes for t in self._layouts)
+        started = time.perf_counter()
+        cost, samples = measure_cost_model(total, self._process_set)
+        payload = None
+        if self._is_gate:
+            profile = profiler.profile(self._order, [t.name for t in self._layouts],
+                                       [t.nbytes for t in self._layouts],
+                                       [t.element_size for t in self._layouts])
+            search: tuple = ()
+            if self._config.explicit("partition_bytes"):
+                plan = planner.plan(profile, cost, self._config.partition_bytes)
+            else:
+                best = simulator.best_dcredit(profile, cost, overlap_forward=False,
+                                              cycle_s=_horovod_cycle_seconds())
+                plan, search = best.plan, best.search
+            payload = (plan, profile, search)
+        plan, profile, search = comm.broadcast_object(payload, root_rank=0,
+                                                      process_set=self._process_set,
+                                                      name="dcredit.plan")
+        self._plan = plan
+        self._policy = make_policy(self._config, plan)
+        self._layouts = self._build_layouts(plan.partition_bytes)
+        policy = self._policy if self._is_gate else Immediate()
+        policy.bind(self._layouts)
+        self._scheduler.policy = policy
+        if comm.rank() == 0:
+            _log_plan(cost, samples, profile, plan, search, time.perf_counter() - started)
+            if self._config.profile_out:
+                _write_profile(self._config.profile_out, cost, samples, profile, plan, search)
 
     # -- hooks and submission -------------------------------------------------------------
     def _make_hook(self, p):
@@ -192,6 +293,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._pending.add(p)
             self._allreduce_delay[p] -= 1
             if self._allreduce_delay[p] == 0:
+                if self._profiler is not None:
+                    self._profiler.ready(p)
                 self._enqueue(p)
         return hook
 
@@ -262,6 +365,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._queued.clear()
         self._synchronized = True
         self._apply_forward_order()
+        if self._profiler is not None:
+            self._profiler.end_iteration()
+            if self._profiler.done:
+                self._install_plan()
 
     @contextmanager
     def skip_synchronize(self):
@@ -275,7 +382,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def step(self, closure=None):
         if self._should_synchronize:
             if self._synchronized:
-                warnings.warn(_DOUBLE_SYNC)
+                warnings.warn(_DOUBLE_SYNC, stacklevel=2)
             self.synchronize()
         self._synchronized = False
         return self._dcredit_base.step(self, closure)
@@ -299,6 +406,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._should_synchronize = True
         return self._dcredit_base.load_state_dict(self, *args, **kwargs)
+
+    @property
+    def plan(self):
+        """The D-Credit plan in force (identical on every rank), or None before/without one."""
+        return self._plan if self._enabled else None
 
     @property
     def scheduler_config(self) -> SchedulerConfig:
@@ -338,7 +450,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
 
     * ``model``: the ``torch.nn.Module`` being trained; lets the scheduler learn the order in
       which forward uses parameters (priority: nearest the input first).
-    * ``policy``: ``"bytescheduler"`` (default) or ``"wfbp"``.  ``DCREDIT_POLICY``.
+    * ``policy``: ``"dcredit"`` (default), ``"bytescheduler"`` or ``"wfbp"``.  ``DCREDIT_POLICY``.
     * ``partition_bytes``: largest block in bytes as sent (``"4MiB"`` accepted).
     * ``credit_bytes``: bytes in flight under ``bytescheduler``.
     * ``poll_seconds``: completion polling interval.
@@ -348,7 +460,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
             raise ValueError("gradient_predivide_factor not supported with op != Average")
     if num_groups != 0:
         warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed "
-                      "in v0.23.0.", DeprecationWarning)
+                      "in v0.23.0.", DeprecationWarning, stacklevel=2)
         if groups is None:
             groups = num_groups
     if groups is not None:

@@ -7,8 +7,8 @@ to its tensors; the profiler splits it evenly among them, the zoo does the same.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ class Profile:
     @classmethod
     def from_lists(cls, names: Sequence[str], nbytes: Sequence[int], element_size: Sequence[int],
                    t_f: Sequence[float], t_b: Sequence[float],
-                   t_u: Sequence[float] = ()) -> "Profile":
+                   t_u: Sequence[float] = ()) -> Profile:
         return cls(tuple(names), tuple(int(b) for b in nbytes), tuple(int(e) for e in element_size),
                    tuple(float(t) for t in t_f), tuple(float(t) for t in t_b),
                    tuple(float(t) for t in t_u))

@@ -19,7 +19,8 @@ def test_sizes_accept_units(text, expected):
 
 
 def test_unknown_policy_names_the_choices():
-    with pytest.raises(ValueError, match=r"'fastest' is not a known policy; choose one of wfbp, bytescheduler"):
+    expected = r"'fastest' is not a known policy; choose one of dcredit, bytescheduler, wfbp"
+    with pytest.raises(ValueError, match=expected):
         SchedulerConfig.resolve({}, policy="fastest")
 
 

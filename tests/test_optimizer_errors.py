@@ -18,7 +18,7 @@ def model_and_opt():
 
 def test_unknown_policy_is_rejected_with_the_choices():
     model, opt = model_and_opt()
-    with pytest.raises(ValueError, match="not a known policy; choose one of wfbp, bytescheduler"):
+    with pytest.raises(ValueError, match="not a known policy; choose one of dcredit, bytescheduler, wfbp"):
         dcredit_hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                          policy="fastest")
 

@@ -72,7 +72,7 @@ def step_until(link, sched, count):
     while len(link.submitted) < count:
         seen = len(link.submitted)
         link.complete_all()
-        wait_until(lambda: len(link.submitted) > seen)
+        wait_until(lambda seen=seen: len(link.submitted) > seen)
 
 
 def test_bytescheduler_keeps_bytes_in_flight_within_the_credit():

@@ -18,7 +18,8 @@ The runtime and ``simulator`` drive the same objects, so there is one implementa
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar, Optional, Sequence
+from collections.abc import Sequence
+from typing import ClassVar, Optional
 
 from ..blocks import Block, TensorLayout
 

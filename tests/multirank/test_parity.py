@@ -11,10 +11,13 @@ import pytest
 import torch
 
 import dcredit_hvd
+
 from conftest import assert_all_ranks
 from models import make_model, max_rel_diff, params_close, train
 
-POLICIES = ["wfbp", "bytescheduler"]
+POLICIES = ["wfbp", "bytescheduler", "dcredit"]
+# dcredit profiles 1 + 2 iterations under bytescheduler rules, then plans: steps 4 and 5 run the plan.
+PROFILE = dict(profile_warmup=1, profile_steps=2)
 # Small enough that every tensor over 512 bytes is cut into several blocks (the 64x512 frozen
 # projection is not sent; the 10x64 heads become 5 blocks, the conv weight 2).
 SMALL = dict(partition_bytes=512, credit_bytes=2048)
@@ -44,7 +47,9 @@ def ours(make_opt, steps=5, passes=1, with_model=True, **kwargs):
 def test_parameters_match_plain_horovod_after_five_steps(policy, opt_name):
     make_opt = OPTIMIZERS[opt_name]
     expected = reference(make_opt)
-    got, opt = ours(make_opt, policy=policy, **SMALL)
+    extra = PROFILE if policy == "dcredit" else {}
+    got, opt = ours(make_opt, policy=policy, **SMALL, **extra)
+    assert_all_ranks(policy != "dcredit" or opt.plan is not None, "the plan never took over")
     blocks = {t.name: len(t.blocks) for t in opt.layouts}
     split = policy == "wfbp" or all(n > 1 for name, n in blocks.items() if "head.weight" in name)
     assert_all_ranks(split, f"large tensors were not split: {blocks}")
@@ -191,3 +196,30 @@ def test_broadcast_optimizer_state_runs_locally_and_matches():
     hvd.broadcast_optimizer_state(ref, root_rank=0)
     expected = train(model2, ref, steps=2)
     assert_all_ranks(params_close(got, expected), f"max rel diff {max_rel_diff(got, expected)}")
+
+
+def test_dcredit_plan_is_identical_on_every_rank_and_logged_once_on_rank_0():
+    import logging
+
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    logger = logging.getLogger("dcredit_hvd")
+    handler = Keep()
+    logger.addHandler(handler)
+    try:
+        # no explicit partition: the planner chooses it with the simulator
+        got, opt = ours(OPTIMIZERS["adam"], policy="dcredit", **PROFILE)
+    finally:
+        logger.removeHandler(handler)
+    plans = hvd.allgather_object((opt.plan.partition_bytes, opt.plan.windows))
+    assert_all_ranks(all(p == plans[0] for p in plans), f"plans differ across ranks: {plans}")
+    fits = [m for m in records if m.startswith("cost model:")]
+    planned = [m for m in records if m.startswith("plan:")]
+    expected = 1 if hvd.rank() == 0 else 0
+    assert_all_ranks(len(fits) == expected and len(planned) == expected,
+                     f"rank {hvd.rank()} logged {len(fits)} fits and {len(planned)} plans")
+    assert_all_ranks(params_close(got, reference(OPTIMIZERS["adam"])))
