@@ -283,9 +283,8 @@ def _run_simulate(args: argparse.Namespace) -> int:
                 else _size(r.partition_bytes),
             ])
             if r.search:
-                tried = ", ".join(f"{_size(s)} {t * 1e3:.1f}" for s, t in r.search)
                 where = f" ({_canonical(model)}, {bandwidth / 1e9:g} Gbit/s)" if sweep else ""
-                notes.append(f"dcredit partition search{where} (simulated ms): {tried}")
+                notes.extend(_search_lines(r, where))
     if sweep:
         c = simulator.link_cost(args.bandwidth[0], args.latency, args.workers, args.op_overhead)
         common = (f"{args.workers} workers, latency {args.latency * 1e6:g} us (a = "
@@ -300,6 +299,15 @@ def _run_simulate(args: argparse.Namespace) -> int:
         print()
         print("\n".join(notes))
     return 0
+
+
+def _search_lines(result, where: str = "") -> list[str]:
+    """One line per planner rule tried by ``simulator.best_dcredit``, the winner marked."""
+    rules: dict[str, list[str]] = {}
+    for rule, size, seconds in result.search_all or [(result.plan.rule, s, t) for s, t in result.search]:
+        rules.setdefault(rule, []).append(f"{_size(size)} {seconds * 1e3:.1f}")
+    return [f"dcredit search{where}, rule {rule}{' (chosen)' if rule == result.plan.rule else ''} "
+            f"(simulated ms): {', '.join(tried)}" for rule, tried in rules.items()]
 
 
 def _configure_plan(p: argparse.ArgumentParser) -> None:
@@ -323,14 +331,15 @@ def _run_plan(args: argparse.Namespace) -> int:
                                         fusion_bytes=args.fusion)
         plan, search = result.plan, result.search
     else:
-        plan = planner.plan(profile, cost, args.partition)
-        result = simulator.simulate(profile, cost, _dcredit(plan), overlap_forward=args.overlap,
-                                    cycle_s=args.cycle, fusion_bytes=args.fusion)
+        plan = planner.plan(profile, cost, args.partition, cycle_s=args.cycle,
+                            overlap_forward=args.overlap)
+        result = simulator.simulate(profile, cost, _dcredit(plan, args.overlap),
+                                    overlap_forward=args.overlap, cycle_s=args.cycle,
+                                    fusion_bytes=args.fusion)
     L = plan.num_tensors
     print()
     if search:
-        print("partition search (simulated iteration, ms): "
-              + ", ".join(f"{_size(s)} {t * 1e3:.1f}" for s, t in search))
+        print("\n".join(_search_lines(result)))
     print(f"chosen partition S_p = {plan.partition_bytes} B ({_size(plan.partition_bytes)}); "
           f"simulated iteration {result.iteration_s * 1e3:.1f} ms "
           f"(lower bound {result.lower_bound_s * 1e3:.1f} ms); planner's own model "
@@ -345,7 +354,8 @@ def _run_plan(args: argparse.Namespace) -> int:
             rows.append([str(k), str(j), profile.names[j], str(w)])
     print("\n".join(_table(rows, [True, True, False, True])) if len(rows) > 1 else "  (none)")
     print()
-    print("phase 2 (next forward): blocks of tensor l left when backward ends, in forward order")
+    print("phase 2 (next forward): blocks of tensor l left when backward ends, in forward order"
+          + (", one window per tensor" if args.overlap else ", all released at once"))
     rows = [["window", "l", "tensor", "blocks", "of"]]
     for l, w in enumerate(plan.phase2_windows):
         if w:
@@ -357,9 +367,9 @@ def _run_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _dcredit(plan):
+def _dcredit(plan, overlap_forward: bool):
     from .policies.dcredit import DCredit
-    return DCredit(plan)
+    return DCredit(plan, overlap_forward=overlap_forward)
 
 
 register(Command("simulate", "simulate every policy on a zoo model and a modelled link",

@@ -6,6 +6,7 @@ editing this file only.  Public ``horovod.torch`` API only: Horovod is never pat
 """
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import horovod.torch as hvd
@@ -39,6 +40,18 @@ def poll(handle: int) -> bool:
 def collect(handle: int) -> torch.Tensor:
     """The result of a finished all-reduce; raises ``HorovodInternalError`` if it failed."""
     return hvd.synchronize(handle)
+
+
+def wait(handle: int, poll_seconds: float = 0.0002) -> torch.Tensor:
+    """``collect`` after polling with short sleeps.
+
+    ``hvd.synchronize`` busy-waits (yielding); on a machine with as many busy processes as cores
+    that starves Horovod's own background thread: a 4 KiB all-reduce measured 30-50 ms that way
+    against 1-5 ms when polled (2 ranks on 2 cores).
+    """
+    while not poll(handle):
+        time.sleep(poll_seconds)
+    return collect(handle)
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, process_set: Any = None, name: str = None) -> Any:

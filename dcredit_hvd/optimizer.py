@@ -9,11 +9,13 @@ to Horovod by a policy (``scheduler``, ``policies``) instead of being submitted 
 """
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
 import time
 import warnings
+import weakref
 from collections.abc import Iterable
 from contextlib import contextmanager
 from typing import Any, Optional
@@ -27,6 +29,7 @@ from .config import SchedulerConfig
 from .policies import Immediate, make_policy
 from .profiler import StepProfiler, measure_cost_model
 from .scheduler import BlockScheduler, Item
+from .updates import ParameterUpdater
 
 log = logging.getLogger("dcredit_hvd")
 
@@ -88,6 +91,16 @@ def _write_profile(path, cost, samples, profile, plan, search) -> None:
         json.dump(record, fh, indent=1)
 
 
+def _apply_at_exit(ref) -> None:
+    """A script that ends right after its last step() still ends with every update applied."""
+    opt = ref()
+    if opt is not None and opt._step_in_flight:
+        try:
+            opt.apply_pending_updates()
+        except Exception as exc:  # the interpreter is exiting: report, do not mask the exit
+            log.error("dcredit_hvd: the last step's updates could not be applied at exit: %s", exc)
+
+
 class _DistributedOptimizer(torch.optim.Optimizer):
     """Methods copied into the generated subclass of the user's optimizer class."""
 
@@ -115,13 +128,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._forward_order: list = []     # parameters in the order forward first used them
         self._forward_seen: set = set()
         self._forward_order_applied = False
+        self._step_in_flight = False       # an overlapped step() whose updates may be owed
+        self._fallback_logged = False
 
         self._enabled = process_set.included() and (
             comm.size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1")
         if not self._enabled:
             return
         self._is_gate = process_set.rank() == 0
-        self._policy = make_policy(config)
+        # With the model known, step() returns at once and each parameter is updated when its
+        # gradient is reduced; the next forward waits per layer (docs/design.md, "Overlap").
+        self._overlap = model is not None
+        self._policy = make_policy(config, overlap_forward=self._overlap)
         self._plan = None
         # dcredit profiles the live job first (under bytescheduler rules), then plans.
         self._profiler = (StepProfiler(config.profile_warmup, config.profile_steps)
@@ -133,7 +151,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._scheduler = BlockScheduler(
             gate_policy, submit=self._submit_item, poll=comm.poll, collect=comm.collect,
             poll_seconds=config.poll_seconds)
+        self._updater = ParameterUpdater(self, self._dcredit_base, self._scheduler.check)
         self._register_hooks(model)
+        if self._overlap:
+            atexit.register(_apply_at_exit, weakref.ref(self))
         if comm.rank() == 0:
             _setup_logging()
             blocks = sum(len(t.blocks) for t in self._layouts)
@@ -195,17 +216,35 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if model is None:
             return
         owned = set(self._requires_update)
+        hooked = set()
         for module in model.modules():
             params = [p for p in module.parameters(recurse=False) if p in owned]
             if params:
+                hooked.update(params)
                 self._hook_handles.append(
                     module.register_forward_pre_hook(self._make_layer_start_hook(params)))
                 self._hook_handles.append(
                     module.register_forward_hook(self._make_layer_end_hook(params)))
-        self._hook_handles.append(model.register_forward_hook(self._model_forward_end))
+        # Parameters no module of the model owns are waited for before the model's forward.
+        orphans = [p for p in self._requires_update if p not in hooked]
+        self._hook_handles += [
+            model.register_forward_pre_hook(self._make_wait_hook(orphans)),
+            model.register_forward_hook(self._model_forward_end),
+            # Readers of parameters between iterations see every update applied.
+            model.register_state_dict_pre_hook(lambda *args: self.apply_pending_updates()),
+            model.register_load_state_dict_pre_hook(lambda *args: self.apply_pending_updates()),
+        ]
+
+    def _make_wait_hook(self, params):
+        def hook(module, inputs):
+            if self._step_in_flight and params:
+                self._updater.wait(params)
+        return hook
 
     def _make_layer_start_hook(self, params):
         def hook(module, inputs):
+            if self._step_in_flight:
+                self._updater.wait(params)
             if not self._forward_order_applied:
                 for p in params:
                     if p not in self._forward_seen:
@@ -264,7 +303,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if self._config.explicit("partition_bytes"):
                 plan = planner.plan(profile, cost, self._config.partition_bytes)
             else:
-                best = simulator.best_dcredit(profile, cost, overlap_forward=False,
+                best = simulator.best_dcredit(profile, cost, overlap_forward=self._overlap,
                                               cycle_s=_horovod_cycle_seconds())
                 plan, search = best.plan, best.search
             payload = (plan, profile, search)
@@ -272,7 +311,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                                       process_set=self._process_set,
                                                       name="dcredit.plan")
         self._plan = plan
-        self._policy = make_policy(self._config, plan)
+        self._policy = make_policy(self._config, plan, overlap_forward=self._overlap)
         self._layouts = self._build_layouts(plan.partition_bytes)
         policy = self._policy if self._is_gate else Immediate()
         policy.bind(self._layouts)
@@ -299,6 +338,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return hook
 
     def _enqueue(self, p) -> None:
+        if self._step_in_flight:
+            self.apply_pending_updates()
         if not self._scheduler.iteration_open:
             self._scheduler.start_iteration()
         grad = p.grad
@@ -316,18 +357,27 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             grad = p.grad = grad.contiguous()
         flat = grad.view(-1)
         layout = self._layouts[self._index[p]]
+        left = [len(layout.blocks)]            # blocks of p not yet reduced (completion thread)
         items = []
         for block in layout.blocks:
             view = flat[block.start:block.stop]
             payload, ctx = self._compression.compress(view)
-            finish = None if payload is view else self._write_back(view, ctx)
+            write_back = payload is not view
+            finish = self._block_done(p, view, ctx, write_back, left) \
+                if write_back or self._overlap else None
             items.append(Item(block.key, 0, block, payload, finish))
         self._queued.add(p)
         self._scheduler.enqueue(layout.index, items)
 
-    def _write_back(self, view: torch.Tensor, ctx: Any):
+    def _block_done(self, p, view: torch.Tensor, ctx: Any, write_back: bool, left: list):
+        """Completion of one block: write back (compressed), and once every block of ``p`` is
+        reduced, let the updater apply ``p``'s update (overlap)."""
         def finish(output: torch.Tensor) -> None:
-            view.copy_(self._compression.decompress(output, ctx))
+            if write_back:
+                view.copy_(self._compression.decompress(output, ctx))
+            left[0] -= 1
+            if left[0] == 0 and self._overlap:
+                self._updater.reduced(p)
         return finish
 
     def _submit_item(self, item: Item) -> int:
@@ -351,24 +401,51 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if not self._enabled:
             self._synchronized = True
             return
+        self._send_rest()
+        self._scheduler.wait_all()
+        self._updater.reset()              # the gradients are reduced; step() updates at once
+        self._synchronized = True
+        self._end_iteration()
+
+    def _send_rest(self) -> None:
+        """End of backward: queue every gradient not sent yet (zeros for those this rank never
+        computed: another rank may have) and let the policy drain the queue."""
         self._scheduler.check()
+        if self._step_in_flight:
+            self.apply_pending_updates()
         if not self._scheduler.iteration_open:
             self._scheduler.start_iteration()
         for p in self._order:
             if p not in self._queued:
                 self._enqueue(p)
         self._scheduler.end_backward()
-        self._scheduler.wait_all()
         for p in self._allreduce_delay:
             self._allreduce_delay[p] = self.backward_passes_per_step
         self._pending.clear()
         self._queued.clear()
-        self._synchronized = True
+
+    def _end_iteration(self) -> None:
+        """Between iterations, nothing in flight: adopt the forward order, advance profiling."""
         self._apply_forward_order()
         if self._profiler is not None:
             self._profiler.end_iteration()
             if self._profiler.done:
                 self._install_plan()
+
+    def apply_pending_updates(self) -> None:
+        """Block until every update owed by the last ``step()`` is applied.
+
+        Called automatically before the next backward sends anything, by the forward of each
+        layer (for its own parameters), by ``state_dict()``/``load_state_dict()`` of the model
+        and the optimizer, and at interpreter exit.  Call it yourself before reading
+        ``p.data`` directly between iterations.
+        """
+        if not (self._enabled and self._step_in_flight):
+            return
+        self._scheduler.wait_all()
+        self._updater.drain()
+        self._step_in_flight = False
+        self._end_iteration()
 
     @contextmanager
     def skip_synchronize(self):
@@ -380,25 +457,54 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._should_synchronize = True
 
     def step(self, closure=None):
+        """Update the parameters from the reduced gradients.
+
+        With ``model=`` given, returns as soon as everything is sent: each parameter is updated
+        by this optimizer's own ``step`` as soon as its gradient is reduced, and the next forward
+        waits per layer.  Otherwise (and after ``synchronize()``, with a closure, or while
+        ``dcredit`` profiles) it waits for every gradient, as Horovod does.
+        """
+        if self._should_synchronize and self._synchronized:
+            warnings.warn(_DOUBLE_SYNC, stacklevel=2)
+        if self._can_overlap(closure):
+            self._send_rest()
+            self._synchronized = False
+            self._step_in_flight = True
+            self._updater.step(self._requires_update)
+            return None
         if self._should_synchronize:
-            if self._synchronized:
-                warnings.warn(_DOUBLE_SYNC, stacklevel=2)
             self.synchronize()
+        elif self._enabled and self._overlap and not self._fallback_logged and comm.rank() == 0:
+            self._fallback_logged = True
+            log.info("step() after synchronize(): parameters are updated at step() for such "
+                     "iterations (no overlap with the next forward pass)")
         self._synchronized = False
         return self._dcredit_base.step(self, closure)
+
+    def _can_overlap(self, closure) -> bool:
+        return (self._enabled and self._overlap and self._should_synchronize
+                and not self._synchronized and closure is None and self._profiler is None)
 
     def zero_grad(self, *args, **kwargs):
         if self._enabled and self._pending:
             raise AssertionError(_ZERO_GRAD_RACE)
+        if self._enabled and self._step_in_flight:
+            return self._updater.zero_grad(args, kwargs)
         return self._dcredit_base.zero_grad(self, *args, **kwargs)
+
+    def state_dict(self, *args, **kwargs):
+        self.apply_pending_updates()
+        return self._dcredit_base.state_dict(self, *args, **kwargs)
 
     def load_state_dict(self, *args, **kwargs):
         """Restore optimizer state; anything still in flight is drained first, then all
         scheduler state is reset (elastic ``restore()`` relies on this)."""
         if self._enabled:
+            self.apply_pending_updates()
             if self._scheduler.iteration_open:
                 self._scheduler.end_backward()
                 self._scheduler.wait_all()
+            self._updater.reset()
             self._pending.clear()
             self._queued.clear()
             for p in self._allreduce_delay:
@@ -442,7 +548,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          policy: Optional[str] = None,
                          partition_bytes: Any = None,
                          credit_bytes: Any = None,
-                         poll_seconds: Optional[float] = None):
+                         poll_seconds: Optional[float] = None,
+                         profile_warmup: Optional[int] = None,
+                         profile_steps: Optional[int] = None,
+                         profile_out: Optional[str] = None):
     """Wrap ``optimizer`` so its gradients are all-reduced by the scheduler.
 
     Arguments up to ``process_set`` are ``hvd.DistributedOptimizer``'s, with the same defaults
@@ -454,6 +563,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     * ``partition_bytes``: largest block in bytes as sent (``"4MiB"`` accepted).
     * ``credit_bytes``: bytes in flight under ``bytescheduler``.
     * ``poll_seconds``: completion polling interval.
+    * ``profile_warmup``, ``profile_steps``: ``dcredit`` runs this many iterations under
+      ``bytescheduler`` rules, then averages this many into the profile it plans from.
+    * ``profile_out``: ``dcredit`` writes the measured profile and plan to this JSON file.
     """
     if gradient_predivide_factor != 1.0:
         if op != hvd.Average:
@@ -479,7 +591,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     if model is not None and not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     config = SchedulerConfig.resolve(policy=policy, partition_bytes=partition_bytes,
-                                     credit_bytes=credit_bytes, poll_seconds=poll_seconds)
+                                     credit_bytes=credit_bytes, poll_seconds=poll_seconds,
+                                     profile_warmup=profile_warmup, profile_steps=profile_steps,
+                                     profile_out=profile_out)
     base = optimizer.__class__
     namespace = dict(_DistributedOptimizer.__dict__)
     namespace["_dcredit_base"] = base

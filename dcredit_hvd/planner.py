@@ -52,6 +52,8 @@ class Plan:
     predicted_phase1_end: float | None = None
     #: Model iteration period: backward start to the end of the next forward (spec §4 timeline).
     predicted_iteration: float | None = None
+    #: How the windows were computed (``plan``'s options), for logs; not used by the runtime.
+    rule: str = "greedy"
 
     def __post_init__(self) -> None:
         m = self.blocks_per_tensor
@@ -64,7 +66,8 @@ class Plan:
         if any(not isinstance(x, numbers.Integral) or x < 1 for x in m):
             raise ValueError("Plan invariant violated: every tensor has >= 1 block")
         if len(w) != 2 * L - 1:
-            raise ValueError(f"Plan invariant violated: {len(w)} windows for {L} tensors, need 2L-1 = {2 * L - 1}")
+            raise ValueError(f"Plan invariant violated: {len(w)} windows for {L} tensors, "
+                             f"need 2L-1 = {2 * L - 1}")
         if any(not isinstance(x, numbers.Integral) or x < 0 for x in w):
             raise ValueError("Plan invariant violated: every window must be an int >= 0")
         if sum(w) != sum(m):
@@ -117,7 +120,7 @@ class Plan:
                 f"{sum(1 for x in self.phase1_windows if x)} windows, {self.total_blocks - p1} in phase 2)")
         if self.predicted_iteration is not None:
             text += f", model iteration {self.predicted_iteration * 1e3:.3f} ms"
-        return text
+        return text + f", rule {self.rule}"
 
 
 @dataclass(frozen=True)
@@ -145,21 +148,49 @@ def _shape(profile: Profile, partition_bytes: int) -> _Shape:
     return _Shape(tuple(blocks), tuple(full), tuple(last))
 
 
-def plan(profile: Profile, cost: CostModel, partition_bytes: int) -> Plan:
+#: ``short_gap`` values: what phase 1 does when the idle gap is no longer than one startup.
+SHORT_GAP_ONE_BLOCK = "one_block"   # spec §3: send one block of the most urgent pending tensor
+SHORT_GAP_DEFER = "defer"           # send nothing; the blocks join the next window
+SHORT_GAP_RULES = (SHORT_GAP_ONE_BLOCK, SHORT_GAP_DEFER)
+#: ``phase1`` values: how the phase-1 windows are computed.
+PHASE1_GREEDY = "greedy"            # spec §3: fill each backward gap, most urgent blocks first
+PHASE1_BATCHED = "batched"          # exact optimum over windows that release every ready block
+PHASE1_RULES = (PHASE1_GREEDY, PHASE1_BATCHED)
+
+
+def plan(profile: Profile, cost: CostModel, partition_bytes: int, *, cycle_s: float = 0.0,
+         short_gap: str = SHORT_GAP_ONE_BLOCK, overlap_forward: bool = True,
+         phase1: str = PHASE1_GREEDY) -> Plan:
     """Compute D-Credit's windows for ``profile`` under ``cost`` with blocks of ``partition_bytes``.
 
-    Phase 1 (spec §3, the greedy of Gao et al. with defects 1-3 fixed): for ``l = L-2 .. 0``,
-    ``dt = r_l - tau - a`` is the idle link time before gradient ``l`` is ready, less one startup;
-    pending blocks are taken highest priority (lowest ``l'``) first:
+    Phase 1, ``phase1="greedy"`` (spec §3, the greedy of Gao et al. with defects 1-3 fixed): for
+    ``l = L-2 .. 0``, ``dt = r_l - tau - a`` is the idle link time before gradient ``l`` is ready,
+    less one startup; pending blocks are taken highest priority (lowest ``l'``) first:
 
     * ``dt <= -a``: the link is still busy, take nothing;
-    * ``-a < dt <= 0``: take one block (charged ``last_l'`` if it is the tensor's last);
+    * ``-a < dt <= 0``: ``short_gap="one_block"`` (spec) takes one block (charged ``last_l'`` if it
+      is the tensor's last); ``short_gap="defer"`` takes nothing, the block joins a later window
+      (a window whose startup does not fit in the idle gap costs more link time than it saves);
     * ``(pending_l' - 1) * b * S_p >= dt``: ``l'`` alone fills the gap, take ``ceil(dt / (b S_p))``;
     * else take all of ``l'`` and ``dt -= (k - 1 + last_l') * b * S_p`` with ``k`` the count taken
       BEFORE zeroing it (defect 1), ``last_l`` in (0, 1] (defect 2), and continue.
 
     Every take ADDS to the window (defect 3), then ``tau = max(tau + (W > 0) T(window bytes), r_l)``
     and tensor ``l`` joins the pending set.  Phase 2 (spec §4): ``windows[L-1+l] = pending_l``.
+
+    ``phase1="batched"``: the exact optimum, under the same cost model, over plans whose windows
+    release every ready block (``_batched``).
+
+    ``cycle_s`` is Horovod's cycle (``HOROVOD_CYCLE_TIME``): a window released on an idle link
+    waits for the next cycle, and a phase-2 window released on a completion misses the cycle that
+    starts at that completion.  It enters the model timeline (``predicted_iteration``) and the
+    batched optimum; the greedy's decisions do not depend on it (shifting every start by one cycle
+    shifts every deadline ``r_l`` the same way).  ``overlap_forward`` selects the timeline: True
+    models spec §4's phase 2 (one window per tensor, the next forward overlapping), False the
+    runtime's drain (everything left released at once at the end of backward, the next forward
+    after the last all-reduce).  The defaults (``cycle_s=0``, ``short_gap="one_block"``,
+    ``overlap_forward=True``, ``phase1="greedy"``) are spec §3-§4 literally; ``docs/algorithm.md``
+    argues each deviation from the cost model.
 
     ``b * S_p`` is the time of one full block; blocks are cut exactly as ``blocks.partition``
     cuts them, so a full block holds ``max(1, S_p // element_size)`` elements (``S_p`` bytes
@@ -169,7 +200,15 @@ def plan(profile: Profile, cost: CostModel, partition_bytes: int) -> Plan:
     if (isinstance(partition_bytes, bool) or not isinstance(partition_bytes, numbers.Integral)
             or partition_bytes <= 0):
         raise ValueError(f"plan: partition_bytes must be a positive int, got {partition_bytes!r}")
+    if not (isinstance(cycle_s, numbers.Real) and math.isfinite(cycle_s) and cycle_s >= 0):
+        raise ValueError(f"plan: cycle_s must be a finite number of seconds >= 0, got {cycle_s!r}")
+    if phase1 not in PHASE1_RULES:
+        raise ValueError(f"plan: phase1 must be one of {', '.join(PHASE1_RULES)}, got {phase1!r}")
+    if short_gap not in SHORT_GAP_RULES:
+        raise ValueError(f"plan: short_gap must be one of {', '.join(SHORT_GAP_RULES)}, "
+                         f"got {short_gap!r}")
     partition_bytes = int(partition_bytes)
+    cycle_s = float(cycle_s)
     L = profile.num_tensors
     if L == 0:
         raise ValueError("plan: the profile has no tensors; nothing to schedule")
@@ -179,6 +218,11 @@ def plan(profile: Profile, cost: CostModel, partition_bytes: int) -> Plan:
     unit = [b * f for f in shape.full_bytes]                       # seconds of one full block
     last = [lb / f for lb, f in zip(shape.last_bytes, shape.full_bytes)]
     r = profile.ready_times()
+    if phase1 == PHASE1_BATCHED:
+        return _batched(profile, cost, partition_bytes, shape, last, cycle_s, overlap_forward)
+    # Below this dt the window is left empty: -a (spec: the link is still busy) or 0 (defer a
+    # window whose startup would not fit in the idle gap).
+    busy_below = -a if short_gap == SHORT_GAP_ONE_BLOCK else 0.0
 
     pending = [0] * L
     pending[L - 1] = m[L - 1]
@@ -192,7 +236,7 @@ def plan(profile: Profile, cost: CostModel, partition_bytes: int) -> Plan:
         while stack:
             top = stack[-1]
             p = pending[top]
-            if dt <= -a:
+            if dt <= busy_below:
                 break
             if dt <= 0:
                 pending[top] = p - 1
@@ -228,30 +272,125 @@ def plan(profile: Profile, cost: CostModel, partition_bytes: int) -> Plan:
         blocks_per_tensor=m,
         last_fraction=tuple(last),
         predicted_phase1_end=tau,
-        predicted_iteration=_phase2_timeline(profile, cost, shape, pending, tau),
+        predicted_iteration=_phase2_timeline(profile, cost, shape, pending, tau, cycle_s,
+                                             overlap_forward),
+        rule=f"{PHASE1_GREEDY}/{short_gap}",
+    )
+
+
+def _batched(profile: Profile, cost: CostModel, partition_bytes: int, shape: _Shape,
+             last: list[float], cycle_s: float, overlap_forward: bool) -> Plan:
+    """``phase1="batched"``: the best plan, under the planner's model, among plans whose every
+    non-empty phase-1 window releases ALL blocks ready and not yet sent (see ``docs/algorithm.md``).
+
+    A window released when gradient ``j`` is ready then holds tensors ``j..k-1`` whole, ``k`` the
+    previous release; it starts at ``max(E_k, r_j + cycle_s)`` (link free, or the next Horovod
+    cycle) and ends ``a + b * bytes(j..k-1)`` later.  ``E_j = min over k > j`` of that end is an
+    exact dynamic programme (each term grows with ``E_k``, so the best ``E_k`` is the only one
+    worth keeping), O(L^2) vectorised.
+
+    * ``overlap_forward=False``: the last release is at the end of backward (phase 2, everything
+      left at once): minimise ``E_0``, the end of the last all-reduce, which ``step()`` waits for.
+    * ``overlap_forward=True``: choose the last phase-1 release ``k`` (``k = L``: none); tensors
+      ``0..k-1`` go in spec §4's per-tensor phase-2 windows after ``E_k``; minimise the
+      ``_phase2_timeline`` of that choice.
+
+    The family contains "release every gradient as soon as it is ready" (what Horovod does), so
+    under the model the result is never worse than that.
+    """
+    import numpy as np
+
+    L = profile.num_tensors
+    m = shape.blocks
+    a, b, c = cost.a, cost.b, cycle_s
+    r = profile.ready_times()
+    q = [0.0] * (L + 1)                       # q[k]: bytes of tensors k..L-1
+    for l in range(L - 1, -1, -1):
+        q[l] = q[l + 1] + profile.nbytes[l]
+    Q = np.array(q)
+    E = np.full(L + 1, -math.inf)             # E[k]: best link-free time, last release at k
+    prev = [L] * (L + 1)                      # the release before the one at k
+    for j in range(L - 1, -1, -1):
+        ks = np.arange(j + 1, L + 1)
+        ends = np.maximum(E[j + 1:], r[j] + c) + a + b * (Q[j] - Q[j + 1:])
+        best = int(np.argmin(ends))   # ties: the earliest release (see docstring)
+        E[j] = ends[best]
+        prev[j] = int(ks[best])
+
+    def windows_for(last_release: int, phase2_from: int) -> tuple[list[int], list[int]]:
+        """Phase-1 windows along the optimal chain ending at ``last_release``; pending blocks."""
+        windows = [0] * (2 * L - 1)
+        j = last_release
+        while j < L:
+            k = prev[j]
+            if j > 0:
+                windows[L - 1 - j] = sum(m[j:k])
+            j = k
+        pending = [m[l] if l < phase2_from else 0 for l in range(L)]
+        for l in range(L):
+            windows[L - 1 + l] = pending[l]
+        return windows, pending
+
+    if not overlap_forward:
+        windows, pending = windows_for(0, prev[0])
+        link_free = float(E[prev[0]]) if prev[0] < L else r[0]
+        link_free = max(link_free, r[0])
+        predicted = max(float(E[0]), r[0]) + sum(profile.t_u) + profile.forward_time
+    else:
+        best_k, best_time, link_free = L, math.inf, r[0]
+        for k in range(L, 0, -1):
+            free = max(float(E[k]), r[0]) if k < L else r[0]
+            pend = [m[l] if l < k else 0 for l in range(L)]
+            t = _phase2_timeline(profile, cost, shape, pend, free, c, True)
+            if t < best_time:
+                best_k, best_time, link_free = k, t, free
+        windows, pending = windows_for(best_k, best_k)
+        predicted = best_time
+    return Plan(
+        partition_bytes=partition_bytes,
+        windows=tuple(windows),
+        blocks_per_tensor=m,
+        last_fraction=tuple(last),
+        predicted_phase1_end=link_free,
+        predicted_iteration=predicted,
+        rule=PHASE1_BATCHED,
     )
 
 
 def _phase2_timeline(profile: Profile, cost: CostModel, shape: _Shape, pending: list[int],
-                     link_free: float) -> float:
+                     link_free: float, cycle_s: float = 0.0, overlap_forward: bool = True) -> float:
     """Model end of the next forward pass, in seconds from the start of backward (spec §4).
 
-    Window ``l`` (tensor ``l``'s remaining ``p_l`` blocks, the tail including the last block) goes
-    out when window ``l-1`` has completed: ``c_l = c_{l-1} + T(bytes_l)``, ``c_{-1}`` = when the
-    link finishes phase 1 (never before backward ends).  Forward of layer ``l`` waits for its
-    predecessor and for its own gradient plus update: ``f_l = max(f_{l-1} + t_f(l-1), c_l + t_u(l))``
-    with ``f_0 >= r_0``.  A tensor fully sent in phase 1 was reduced before ``c_{-1}`` and imposes
-    nothing.  This is the planner's own optimistic model (one startup per window, no cycle
-    quantisation); the simulator gives the honest estimate.
+    ``overlap_forward=True``: window ``l`` (tensor ``l``'s remaining ``p_l`` blocks, the tail
+    including the last block) goes out one cycle after window ``l-1`` has completed:
+    ``c_l = c_{l-1} + cycle_s + T(bytes_l)``; the first starts at ``max(link_free, r_0 + cycle_s)``
+    with ``link_free`` when the link finishes phase 1 (never before backward ends).  Forward of
+    layer ``l`` waits for its predecessor and for its own gradient plus update:
+    ``f_l = max(f_{l-1} + t_f(l-1), c_l + t_u(l))`` with ``f_0 >= r_0``.  A tensor fully sent in
+    phase 1 was reduced before the first window and imposes nothing.
+
+    ``overlap_forward=False``: everything left goes out as one window at the end of backward,
+    ``c = max(link_free, r_0 + cycle_s) + T(bytes left)``, then every update and the whole forward.
+
+    This is the planner's own optimistic model (one startup per window, no fusion threshold, a
+    window on an idle link waits one full cycle); the simulator gives the honest estimate.
     """
     r0 = profile.ready_times()[0]
     t_u = profile.t_u or (0.0,) * profile.num_tensors
+    left = [(p - 1) * shape.full_bytes[l] + shape.last_bytes[l] if p else 0
+            for l, p in enumerate(pending)]
+    if not overlap_forward:
+        end = max(link_free, r0)
+        if any(pending):
+            end = max(link_free, r0 + cycle_s) + cost.time(sum(left))
+        return end + sum(t_u) + profile.forward_time
     link = max(link_free, r0)
+    wait = r0 + cycle_s        # the first window is released when backward ends
     start = r0                 # earliest start of the next layer's forward
     for l, p in enumerate(pending):
         if p:
-            nbytes = (p - 1) * shape.full_bytes[l] + shape.last_bytes[l]
-            link += cost.time(nbytes)
+            link = max(link, wait) + cost.time(left[l])
+            wait = link + cycle_s  # the gate sees the completion after Horovod's next cycle began
             start = max(start, link + t_u[l])
         start += profile.t_f[l]
     return start

@@ -129,7 +129,7 @@ def measure_cost_model(max_bytes: int, process_set: Any, reps: int = 3,
             start = time.perf_counter()
             handle = comm.submit(tensor, f"dcredit.costmodel.{size}", comm.AVERAGE, 1.0, 1.0,
                                  process_set)
-            comm.collect(handle)
+            comm.wait(handle)
             if rep:
                 times.append(time.perf_counter() - start)
         samples.append((size, statistics.median(times)))

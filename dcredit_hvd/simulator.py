@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -62,6 +62,14 @@ DEFAULT_FUSION_BYTES = 128 << 20
 DEFAULT_OP_OVERHEAD_S = 50e-6
 #: Partition sizes the D-Credit search tries: 256 KiB .. 64 MiB, powers of two.
 DEFAULT_CANDIDATES: tuple[int, ...] = tuple(1 << k for k in range(18, 27))
+#: Planner rules the D-Credit search tries at every candidate partition (``planner.plan``
+#: keywords; ``cycle_s`` and ``overlap_forward`` are added from the simulation).  The first is
+#: spec §3 literally; ``docs/algorithm.md`` argues the other two.
+DEFAULT_PLAN_RULES: tuple[dict[str, str], ...] = (
+    {"phase1": "greedy", "short_gap": "one_block"},
+    {"phase1": "greedy", "short_gap": "defer"},
+    {"phase1": "batched"},
+)
 
 #: Names ``simulate`` accepts besides Policy objects.
 POLICY_NAMES = ("horovod", "wfbp", "bytescheduler", "dcredit", "immediate")
@@ -121,8 +129,11 @@ class SimResult:
     trace: tuple[Op, ...] = ()
     #: The D-Credit plan simulated, when the policy is ``dcredit``.
     plan: Any = None
-    #: ``(partition_bytes, simulated seconds)`` tried by the partition search, if one ran.
+    #: ``(partition_bytes, simulated seconds)`` tried by the partition search, if one ran, for
+    #: the planner rule that won (``plan.rule``).
     search: tuple[tuple[int, float], ...] = ()
+    #: ``(rule, partition_bytes, simulated seconds)`` for every rule and partition tried.
+    search_all: tuple[tuple[str, int, float], ...] = ()
 
     @property
     def exposed_comm_s(self) -> float:
@@ -297,8 +308,13 @@ def no_overlap_bound(profile: Profile, cost: CostModel) -> float:
 
 def make_policy(name: str, profile: Profile, cost: CostModel, *,
                 partition_bytes: int = DEFAULT_PARTITION_BYTES,
-                credit_bytes: int = DEFAULT_CREDIT_BYTES) -> Policy:
-    """The policy object a simulator name stands for (``horovod`` is ``Immediate`` on whole tensors)."""
+                credit_bytes: int = DEFAULT_CREDIT_BYTES, overlap_forward: bool = False,
+                cycle_s: float = 0.0) -> Policy:
+    """The policy object a simulator name stands for (``horovod`` is ``Immediate`` on whole tensors).
+
+    ``dcredit`` is spec §3's plan at ``partition_bytes`` (``cycle_s`` enters its model timeline),
+    spent by ``DCredit(plan, overlap_forward=overlap_forward)``, as the runtime would spend it.
+    """
     if name in ("horovod", "immediate"):
         return Immediate()
     if name == "wfbp":
@@ -308,7 +324,8 @@ def make_policy(name: str, profile: Profile, cost: CostModel, *,
     if name == "dcredit":
         from .planner import plan
         from .policies.dcredit import DCredit
-        return DCredit(plan(profile, cost, partition_bytes))
+        return DCredit(plan(profile, cost, partition_bytes, cycle_s=cycle_s,
+                            overlap_forward=overlap_forward), overlap_forward=overlap_forward)
     raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICY_NAMES)}")
 
 
@@ -332,7 +349,8 @@ def simulate(profile: Profile, cost: CostModel, policy: str | Policy, *,
     if isinstance(policy, str):
         label = policy.lower()
         obj = make_policy(label, profile, cost, partition_bytes=partition_bytes or DEFAULT_PARTITION_BYTES,
-                          credit_bytes=credit_bytes)
+                          credit_bytes=credit_bytes, overlap_forward=overlap_forward,
+                          cycle_s=cycle_s)
     else:
         label, obj = policy.name, policy
     if label == "horovod":
@@ -391,27 +409,48 @@ def simulate(profile: Profile, cost: CostModel, policy: str | Policy, *,
 def best_dcredit(profile: Profile, cost: CostModel, *,
                  candidates: Sequence[int] = DEFAULT_CANDIDATES, overlap_forward: bool = False,
                  cycle_s: float = DEFAULT_CYCLE_S, fusion_bytes: int | None = None,
-                 warmup: int = 1, iterations: int = 2) -> SimResult:
-    """D-Credit with the partition size chosen by ``planner.choose_partition``, using this
-    simulator as the predictor (the paper tunes ``S_p`` by Bayesian optimisation on the live
-    job; a simulator makes trying every candidate cheap)."""
+                 warmup: int = 1, iterations: int = 2,
+                 rules: Sequence[Mapping[str, Any]] = DEFAULT_PLAN_RULES) -> SimResult:
+    """D-Credit with the partition size and planner rule chosen by simulation.
+
+    For every planner rule in ``rules`` (``planner.plan`` keywords), ``planner.choose_partition``
+    picks the partition among ``candidates`` with this simulator as the predictor (the paper
+    tunes ``S_p`` by Bayesian optimisation on the live job; a simulator makes trying every
+    candidate cheap); the fastest rule wins, ties going to the earlier rule in ``rules``.  Each
+    plan is made with this simulation's ``cycle_s`` and ``overlap_forward`` and spent by
+    ``DCredit(plan, overlap_forward=overlap_forward)``, exactly as the runtime will spend the
+    returned ``.plan``.  ``search`` is the winning rule's table, ``search_all`` every row.
+    """
     from .planner import choose_partition, plan
     from .policies.dcredit import DCredit
 
-    def run(size: int) -> SimResult:
-        return simulate(profile, cost, DCredit(plan(profile, cost, size)),
-                        overlap_forward=overlap_forward, cycle_s=cycle_s,
-                        fusion_bytes=fusion_bytes, warmup=warmup, iterations=iterations)
+    if not rules:
+        raise ValueError("best_dcredit: no planner rules given")
+    best: SimResult | None = None
+    every: list[tuple[str, int, float]] = []
+    for options in rules:
+        options = {**options, "cycle_s": cycle_s, "overlap_forward": overlap_forward}
+        cache: dict[int, SimResult] = {}
 
-    cache: dict[int, SimResult] = {}
+        def run(size: int, options: dict[str, Any] = options) -> SimResult:
+            return simulate(profile, cost,
+                            DCredit(plan(profile, cost, size, **options), overlap_forward=overlap_forward),
+                            overlap_forward=overlap_forward, cycle_s=cycle_s,
+                            fusion_bytes=fusion_bytes, warmup=warmup, iterations=iterations)
 
-    def predict(_profile: Profile, _cost: CostModel, size: int) -> float:
-        cache[size] = run(size)
-        return cache[size].iteration_s
+        def predict(_profile: Profile, _cost: CostModel, size: int,
+                    run: Callable[[int], SimResult] = run,
+                    cache: dict[int, SimResult] = cache) -> float:
+            cache[size] = run(size)
+            return cache[size].iteration_s
 
-    best, table = choose_partition(profile, cost, candidates, predict)
-    result = cache.get(best) or run(best)
-    return replace(result, search=tuple(table))
+        size, table = choose_partition(profile, cost, candidates, predict)
+        result = replace(cache.get(size) or run(size), search=tuple(table))
+        every.extend((result.plan.rule, s, t) for s, t in table)
+        if best is None or result.iteration_s < best.iteration_s:
+            best = result
+    assert best is not None
+    return replace(best, search_all=tuple(every))
 
 
 def compare(profile: Profile, cost: CostModel, *,

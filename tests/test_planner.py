@@ -303,3 +303,123 @@ def test_model_predictor_prefers_blocks_that_fit_the_gaps() -> None:
     best, table = choose_partition(prof, cost, [256, 1024, 4096], model_iteration_time)
     assert dict(table)[best] == min(s for _, s in table)
     assert dict(table)[1024] < dict(table)[4096]
+
+
+# --- options beyond the spec: short_gap, phase1="batched", cycle_s, overlap_forward ------------
+#
+# Hand case: one block per tensor (1 s each), a = 0.125 s.  Gradient 2 ready at 1, gradient 1 at
+# 1.0625 (a gap shorter than a startup), gradient 0 at 3.
+
+def merge_case() -> Profile:
+    return profile([256, 256, 256], t_b=[1.9375, 0.0625, 1.0])
+
+
+def test_spec_sends_one_block_for_a_whole_startup_when_the_gap_is_shorter_than_a() -> None:
+    # Step l=1: dt = 1.0625 - 1 - 0.125 = -0.0625: one block of tensor 2, tau = 2.125.  Step l=0:
+    # dt = 3 - 2.125 - 0.125 = 0.75: tensor 1 whole, tau = 3.25.  Two startups.
+    result = plan(merge_case(), COST, S_P)
+    assert result.windows == (1, 1, 1, 0, 0)
+    assert result.predicted_phase1_end == 3.25
+    assert result.rule == "greedy/one_block"
+
+
+def test_short_gap_defer_merges_the_tiny_window_into_the_next_one() -> None:
+    # Step l=1 takes nothing (tau = 1.0625); step l=0: dt = 3 - 1.0625 - 0.125 = 1.8125 takes
+    # tensors 1 and 2 in one window: tau = 1.0625 + 0.125 + 2 = 3.1875, one startup saved.
+    result = plan(merge_case(), COST, S_P, short_gap="defer")
+    assert result.windows == (0, 2, 1, 0, 0)
+    assert result.predicted_phase1_end == 3.1875
+    assert result.rule == "greedy/defer"
+
+
+def test_batched_phase_one_minimises_the_last_allreduce_end_without_overlap() -> None:
+    # Candidates (end of the phase-2 all-reduce): release at 2 then 1 then 0: 4.375; merge 2+1
+    # at gradient 1: 3.1875, then tensor 0: 4.3125; hold 2 and 1 to phase 2: 3 + 0.125 + 3 =
+    # 6.125.  The optimum is the merge.
+    result = plan(merge_case(), COST, S_P, phase1="batched", overlap_forward=False)
+    assert result.windows == (0, 2, 1, 0, 0)
+    assert result.predicted_phase1_end == 3.1875
+    assert result.predicted_iteration == 4.3125
+    assert result.rule == "batched"
+
+
+def test_cycle_is_charged_once_per_window_released_on_an_idle_link() -> None:
+    # Every release waits 0.25 s for Horovod's cycle: the batched optimum is the same merge, one
+    # cycle later (gradient 1 at 1.0625 + 0.25, +2.125 = 3.4375; phase 2 at 3.4375 + 1.125).
+    result = plan(merge_case(), COST, S_P, phase1="batched", overlap_forward=False, cycle_s=0.25)
+    assert result.windows == (0, 2, 1, 0, 0)
+    assert result.predicted_iteration == 4.5625
+    # Spec greedy: the decisions do not depend on the cycle; the timeline does.  Phase 2 with
+    # overlap: tensor 0's window starts at max(3.25, 3 + 0.25) = 3.25 and ends 4.375.
+    assert plan(merge_case(), COST, S_P, cycle_s=0.25).windows == (1, 1, 1, 0, 0)
+    assert plan(merge_case(), COST, S_P, cycle_s=0.25).predicted_iteration == 4.375
+    assert plan(merge_case(), COST, S_P).predicted_iteration == 4.375
+
+
+def test_drain_timeline_sends_everything_left_in_one_window_then_the_whole_forward() -> None:
+    # Exact-divide case (link free at 3.125, tensors 0 and 1 left): one window of 512 B from
+    # 3.125 to 5.25, then forward 1.5 s: 6.75 (the per-tensor chain gives 6.375 with overlap).
+    prof = profile([256, 256, 512], t_b=[0.25, 1.625, 1.0], t_f=[0.5, 0.5, 0.5])
+    assert plan(prof, COST, S_P, overlap_forward=False).predicted_iteration == 6.75
+    assert plan(prof, COST, S_P).predicted_iteration == 6.375
+
+
+@pytest.mark.parametrize("bad, message", [({"short_gap": "skip"}, "short_gap"),
+                                          ({"phase1": "optimal"}, "phase1"),
+                                          ({"cycle_s": -1.0}, "cycle_s"),
+                                          ({"cycle_s": math.inf}, "cycle_s")])
+def test_unknown_planner_options_are_rejected(bad: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        plan(merge_case(), COST, S_P, **bad)
+
+
+options = st.fixed_dictionaries({
+    "phase1": st.sampled_from(["greedy", "batched"]),
+    "short_gap": st.sampled_from(["one_block", "defer"]),
+    "cycle_s": st.sampled_from([0.0, 1e-3, 0.02]),
+    "overlap_forward": st.booleans(),
+})
+
+
+@settings(max_examples=300, deadline=None)
+@given(random_cases(), options)
+def test_plan_invariants_hold_under_every_planner_option(case: tuple[Profile, CostModel, int],
+                                                         opts: dict) -> None:
+    prof, cost, S_p = case
+    result = plan(prof, cost, S_p, **opts)   # Plan.__post_init__ checks the invariants again
+    assert sum(result.windows) == result.total_blocks
+    assert min(result.windows) >= 0
+    assert result.phase2_windows[0] == result.blocks_per_tensor[0]
+    assert result == plan(prof, cost, S_p, **opts)
+    slack = 1e-9
+    assert result.predicted_iteration >= prof.backward_time + prof.forward_time - slack
+
+
+@settings(max_examples=200, deadline=None)
+@given(random_cases(), st.sampled_from([0.0, 1e-3]))
+def test_greedy_windows_do_not_depend_on_the_cycle_or_the_mode(case: tuple[Profile, CostModel, int],
+                                                                cycle: float) -> None:
+    prof, cost, S_p = case
+    spec = plan(prof, cost, S_p)
+    for overlap in (False, True):
+        assert plan(prof, cost, S_p, cycle_s=cycle, overlap_forward=overlap).windows == spec.windows
+
+
+@settings(max_examples=200, deadline=None)
+@given(random_cases(), st.sampled_from([0.0, 1e-3]))
+def test_batched_plan_is_no_worse_in_its_model_than_sending_every_gradient_when_ready(
+        case: tuple[Profile, CostModel, int], cycle: float) -> None:
+    prof, cost, S_p = case
+    r = prof.ready_times()
+    L = prof.num_tensors
+    end = -math.inf                      # horovod-like: one release per gradient
+    for j in range(L - 1, -1, -1):
+        end = max(end, r[j] + cycle) + cost.time(prof.nbytes[j])
+    eager = max(end, r[0]) + prof.forward_time
+    held = max(r[0] + cycle + cost.time(prof.total_bytes), r[0]) + prof.forward_time
+    result = plan(prof, cost, S_p, phase1="batched", cycle_s=cycle, overlap_forward=False)
+    assert result.predicted_iteration <= min(eager, held) * (1 + 1e-9) + 1e-12
+    # Windows hold whole tensors: what is left for phase 2 is every block of a prefix 0..k-1.
+    left = result.phase2_windows
+    k = sum(1 for w in left if w)
+    assert left == result.blocks_per_tensor[:k] + (0,) * (result.num_tensors - k)

@@ -82,7 +82,8 @@ def test_phase_one_releases_each_budget_when_its_gradient_is_ready() -> None:
 
 
 def test_phase_two_sends_one_tensor_at_a_time_after_the_previous_window_completes() -> None:
-    policy = DCredit(Plan(partition_bytes=4, windows=(0, 3, 2), blocks_per_tensor=(3, 2)))
+    policy = DCredit(Plan(partition_bytes=4, windows=(0, 3, 2), blocks_per_tensor=(3, 2)),
+                     overlap_forward=True)
     driver = Driver(policy, layouts_for([3, 2]))
     driver.start()
     driver.ready(1)
@@ -97,8 +98,10 @@ def test_phase_two_sends_one_tensor_at_a_time_after_the_previous_window_complete
     assert driver.keys()[3:] == [(1, 0), (1, 1)]
 
 
-def test_phase_one_blocks_in_flight_do_not_hold_back_phase_two() -> None:
-    policy = DCredit(Plan(partition_bytes=4, windows=(1, 1, 0), blocks_per_tensor=(1, 1)))
+@pytest.mark.parametrize("overlap", [False, True])
+def test_phase_one_blocks_in_flight_do_not_hold_back_phase_two(overlap: bool) -> None:
+    policy = DCredit(Plan(partition_bytes=4, windows=(1, 1, 0), blocks_per_tensor=(1, 1)),
+                     overlap_forward=overlap)
     driver = Driver(policy, layouts_for([1, 1]))
     driver.start()
     driver.ready(1)
@@ -207,12 +210,12 @@ def planned_jobs(draw: st.DrawFn) -> tuple[Plan, list[TensorLayout]]:
 
 
 @settings(max_examples=300, deadline=None)
-@given(planned_jobs(), st.randoms(use_true_random=False))
+@given(planned_jobs(), st.randoms(use_true_random=False), st.booleans())
 def test_random_event_order_releases_every_block_exactly_once_and_never_deadlocks(
-        job: tuple[Plan, list[TensorLayout]], rng: random.Random) -> None:
+        job: tuple[Plan, list[TensorLayout]], rng: random.Random, overlap: bool) -> None:
     plan_, layouts = job
     L = plan_.num_tensors
-    policy = DCredit(plan_)
+    policy = DCredit(plan_, overlap_forward=overlap)
     driver = Driver(policy, layouts)
     all_keys = sorted(b.key for t in layouts for b in t.blocks)
     for _ in range(2):
@@ -262,10 +265,10 @@ def test_in_order_events_spend_exactly_the_planned_phase_one_windows(
 
 @settings(max_examples=200, deadline=None)
 @given(planned_jobs(), st.randoms(use_true_random=False))
-def test_phase_two_never_has_two_tensors_in_flight(job: tuple[Plan, list[TensorLayout]],
-                                                  rng: random.Random) -> None:
+def test_phase_two_with_overlap_never_has_two_tensors_in_flight(
+        job: tuple[Plan, list[TensorLayout]], rng: random.Random) -> None:
     plan_, layouts = job
-    policy = DCredit(plan_)
+    policy = DCredit(plan_, overlap_forward=True)
     driver = Driver(policy, layouts)
     driver.start()
     for j in range(plan_.num_tensors - 1, -1, -1):
@@ -276,3 +279,65 @@ def test_phase_two_never_has_two_tensors_in_flight(job: tuple[Plan, list[TensorL
         phase2_inflight = {b.tensor for b in driver.inflight if b not in phase1}
         assert len(phase2_inflight) <= 1
         driver.complete(rng.choice(driver.inflight))
+
+
+def test_without_overlap_every_remaining_block_is_admitted_at_backward_end() -> None:
+    # windows (0, 3, 2): nothing in phase 1; at backward end all five blocks go at once, in
+    # priority order, with nothing completed (no per-tensor barrier: step() waits for all).
+    policy = DCredit(Plan(partition_bytes=4, windows=(0, 3, 2), blocks_per_tensor=(3, 2)))
+    assert policy.overlap_forward is False
+    driver = Driver(policy, layouts_for([3, 2]))
+    driver.start()
+    driver.ready(1)
+    driver.ready(0)
+    assert driver.keys() == []
+    driver.backward_end()
+    assert driver.keys() == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]
+    assert policy.released == [0, 5]
+    assert "released at once" in policy.describe()
+
+
+def test_overlap_flag_is_keyword_only_and_plan_alone_still_constructs() -> None:
+    plan_ = Plan(partition_bytes=4, windows=(1,), blocks_per_tensor=(1,))
+    assert DCredit(plan_).overlap_forward is False
+    assert DCredit(plan_, overlap_forward=True).overlap_forward is True
+    with pytest.raises(TypeError):
+        DCredit(plan_, True)  # type: ignore[misc]
+
+
+@settings(max_examples=200, deadline=None)
+@given(planned_jobs(), st.randoms(use_true_random=False))
+def test_without_overlap_the_queue_is_empty_right_after_backward_end(
+        job: tuple[Plan, list[TensorLayout]], rng: random.Random) -> None:
+    # Whatever the ready order and completions during backward, on_backward_end admits every
+    # queued block at once; the phase-1 releases are still exactly the planned budgets.
+    plan_, layouts = job
+    L = plan_.num_tensors
+    policy = DCredit(plan_, overlap_forward=False)
+    driver = Driver(policy, layouts)
+    driver.start()
+    for j in range(L - 1, -1, -1):
+        driver.ready(j)
+        if driver.inflight and rng.random() < 0.5:
+            driver.complete(rng.choice(driver.inflight))
+    assert policy.released[0] == sum(plan_.phase1_windows)
+    driver.backward_end()
+    assert not driver.queue
+    assert policy.released == [sum(plan_.phase1_windows), sum(plan_.phase2_windows)]
+    assert sorted(driver.keys()) == sorted(b.key for t in layouts for b in t.blocks)
+
+
+@settings(max_examples=100, deadline=None)
+@given(planned_jobs())
+def test_from_profile_plans_with_the_options_and_spends_in_the_given_mode(
+        job: tuple[Plan, list[TensorLayout]]) -> None:
+    plan_, layouts = job
+    L = plan_.num_tensors
+    prof = Profile.from_lists([t.name for t in layouts], [t.nbytes for t in layouts], [4] * L,
+                              [0.001] * L, [0.001] * L)
+    cost = CostModel(1e-4, 1e-6)
+    policy = DCredit.from_profile(prof, cost, plan_.partition_bytes, overlap_forward=True,
+                                  phase1="batched")
+    assert policy.overlap_forward is True
+    assert policy.plan == plan(prof, cost, plan_.partition_bytes, overlap_forward=True,
+                               phase1="batched")

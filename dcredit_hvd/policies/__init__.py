@@ -16,19 +16,20 @@ if TYPE_CHECKING:
 POLICIES = ("dcredit", "bytescheduler", "wfbp")
 
 
-def make_policy(config: SchedulerConfig, plan: Optional[Plan] = None) -> Policy:
+def make_policy(config: SchedulerConfig, plan: Optional[Plan] = None, *,
+                overlap_forward: bool = False) -> Policy:
     """The policy object ``config.policy`` names (the config has been validated).
 
     ``dcredit`` needs a plan; until one exists (while the job is profiled) it runs under
-    ``bytescheduler`` rules with the configured credit.
+    ``bytescheduler`` rules with the configured credit.  ``overlap_forward``: the runtime
+    overlaps the next forward pass (phase-2 windows per tensor) or not (phase 2 drains).
     """
     if config.policy == "wfbp":
         return WFBP()
     if config.policy == "bytescheduler" or (config.policy == "dcredit" and plan is None):
         return ByteScheduler(config.credit_bytes)
     if config.policy == "dcredit":
-        # The runtime's step() waits for every block: phase 2 drains (no next-forward overlap).
-        return DCredit(plan, overlap_forward=False)
+        return DCredit(plan, overlap_forward=overlap_forward)
     raise ValueError(f"unknown policy {config.policy!r}; choose one of {', '.join(POLICIES)}")
 
 

@@ -13,16 +13,26 @@ Distributed Deep Learning", IEEE TNSE 12(2), 2025; spec §5.  The windows come f
   Completions do not return budget: it is a cumulative allowance, not an in-flight limit.  Each
   tensor's budget is credited exactly once per iteration, whatever the order of ready events (the
   authors' runtime credited only a new minimum layer and lost budgets, research notes B11).
-* Phase 2 (from ``on_backward_end``): what is left goes out one tensor at a time in priority
-  (forward) order; the window of the head's tensor opens only when every block released by the
-  previous phase-2 window has completed, so tensor ``l+1`` never competes with ``l``::
+* Phase 2 (from ``on_backward_end``) depends on whether the next forward overlaps it:
 
-      admit(head)  <=>  head.tensor == open  or  no phase-2 block in flight   (then open = head.tensor)
+  - ``overlap_forward=False`` (the runtime today: ``step()`` waits for every block, then
+    updates, then the next forward starts): everything left is released at once, in priority
+    order (``admit(head)`` is always True).  A barrier between tensors could only delay the
+    step: nothing can use tensor ``l``'s gradient before the last block is reduced anyway, and
+    releasing together lets Horovod fuse the rest into as few all-reduces as its fusion buffer
+    allows (one startup instead of one startup plus one cycle per tensor).
+  - ``overlap_forward=True`` (spec §4: forward of layer ``l`` waits only for tensor ``l``): what
+    is left goes out one tensor at a time in priority (forward) order; the window of the head's
+    tensor opens only when every block released by the previous phase-2 window has completed,
+    so tensor ``l+1`` never competes with ``l``::
 
-  Liveness: a refusal in phase 2 implies a phase-2 block in flight; its completion empties the
-  set eventually, and the next ``admit`` then succeeds.  So every queued block is released once
-  completions arrive, whatever blocks, tensors or ready events the driver saw (the authors'
-  runtime counted dispatches against ``sum(windows)`` and could hang, spec §6 defect 9).
+        admit(head)  <=>  head.tensor == open  or  no phase-2 block in flight   (then open = head.tensor)
+
+  Liveness: with the barrier, a refusal in phase 2 implies a phase-2 block in flight; its
+  completion empties the set eventually, and the next ``admit`` then succeeds.  Without it
+  nothing is refused.  So every queued block is released once completions arrive, whatever
+  blocks, tensors or ready events the driver saw (the authors' runtime counted dispatches
+  against ``sum(windows)`` and could hang, spec §6 defect 9).
 
 Blocks released in phase 1 and still in flight do not gate phase 2: they are already submitted,
 and the planner's timeline already queues phase 2 behind them.
@@ -44,9 +54,12 @@ class DCredit(Policy):
 
     name = "dcredit"
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: Plan, *, overlap_forward: bool = False) -> None:
         super().__init__()
         self.plan = plan
+        #: True: spec §4's per-tensor phase-2 windows (the next forward overlaps them).  False:
+        #: phase 2 releases everything left at once (``step()`` waits for every block).
+        self.overlap_forward = bool(overlap_forward)
         L = plan.num_tensors
         #: Budget added when gradient j is ready, precomputed so ``on_ready`` is O(1).
         self._budget_of = tuple(plan.phase1_budget(j) for j in range(L))
@@ -60,8 +73,12 @@ class DCredit(Policy):
         self.unused_budget = 0
 
     @classmethod
-    def from_profile(cls, profile: Profile, cost: CostModel, partition_bytes: int) -> DCredit:
-        return cls(make_plan(profile, cost, partition_bytes))
+    def from_profile(cls, profile: Profile, cost: CostModel, partition_bytes: int, *,
+                     overlap_forward: bool = False, **plan_options) -> DCredit:
+        """Plan with ``planner.plan(profile, cost, partition_bytes, **plan_options)`` and spend it."""
+        plan_options.setdefault("overlap_forward", overlap_forward)
+        return cls(make_plan(profile, cost, partition_bytes, **plan_options),
+                   overlap_forward=overlap_forward)
 
     def partition_bytes(self, configured: int | None) -> int | None:
         """The plan's ``S_p``, whatever was configured: planner and runtime must agree (defect 5)."""
@@ -116,6 +133,9 @@ class DCredit(Policy):
             self._budget -= 1
             self.released[0] += 1
             return True
+        if not self.overlap_forward:
+            self.released[1] += 1
+            return True
         if block.tensor != self._open:
             if self._inflight2:
                 return False
@@ -127,6 +147,7 @@ class DCredit(Policy):
     def describe(self) -> str:
         p = self.plan
         p1 = sum(p.phase1_windows)
+        phase2 = "per-tensor windows" if self.overlap_forward else "released at once"
         return (f"dcredit(S_p={p.partition_bytes} B, L={p.num_tensors}, {p.total_blocks} blocks: "
                 f"{p1} in {sum(1 for w in p.phase1_windows if w)} phase-1 windows, "
-                f"{p.total_blocks - p1} in phase 2)")
+                f"{p.total_blocks - p1} in phase 2, {phase2})")

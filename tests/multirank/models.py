@@ -54,7 +54,8 @@ def train(model: nn.Module, opt: torch.optim.Optimizer, steps: int = 5, passes: 
             before_step(opt)
         else:
             opt.step()
-    return [p.detach().clone() for p in model.parameters()]
+    # Through state_dict(), as a checkpoint reads them: it must see every update applied.
+    return [v.detach().clone() for v in model.state_dict().values()]
 
 
 def max_rel_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:

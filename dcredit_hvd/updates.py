@@ -1,0 +1,120 @@
+"""Per-parameter updates with the user's own optimizer, as soon as each gradient is reduced.
+
+D-Credit's phase 2 sends the rest of the gradients while the next forward pass runs (spec §4), so
+a parameter must be updated as soon as its own gradient is reduced, and the forward of a layer
+must wait for exactly its own parameters.  ByteScheduler and the D-Credit authors re-implemented
+SGD and Adam by hand for this and silently skipped any other optimizer (spec §6, defect 10).
+
+Here the update is the user's optimizer class's own ``step`` run on a *shadow*: an instance of
+the same class that shares the optimizer's ``state``, ``defaults`` and hooks but whose
+``param_groups`` hold only the parameters being updated, with the hyper-parameters each group had
+when ``step()`` was called (an LR scheduler stepping meanwhile changes the next iteration only).
+Every ``torch.optim`` optimizer except LBFGS updates each parameter from its own gradient and
+state alone, so updating parameters one batch at a time gives the same result as one ``step()``.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from typing import Any, Callable, Optional
+
+import torch
+
+
+class ParameterUpdater:
+    """Tracks which parameters still owe their update for the last ``step()``, applies updates
+    as gradients arrive, and lets readers (forward hooks, ``state_dict``) wait for them."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, base: type,
+                 check: Callable[[], None]) -> None:
+        self._opt = optimizer
+        self._base = base
+        self._check = check                      # re-raises communication-thread errors
+        self._cond = threading.Condition(threading.Lock())
+        self._group_of = {p: i for i, g in enumerate(optimizer.param_groups) for p in g["params"]}
+        self._snapshot: list[dict[str, Any]] = []
+        self._owed: set = set()                  # stepped, not yet updated
+        self._reduced: set = set()               # gradient reduced, step() not called yet
+        self._stepping = False                   # step() called, updates still owed
+        self._zero: Optional[tuple[tuple, dict]] = None   # deferred zero_grad(*args, **kwargs)
+
+    # -- called by the optimizer ------------------------------------------------------------
+    def reduced(self, p: torch.Tensor) -> None:
+        """``p``'s gradient is fully reduced (completion thread)."""
+        with self._cond:
+            if self._stepping and p in self._owed:
+                self._apply([p])
+            else:
+                self._reduced.add(p)
+
+    def step(self, params: Iterable[torch.Tensor]) -> None:
+        """``step()`` was called: ``params`` owe an update; apply those already reduced."""
+        with self._cond:
+            self._snapshot = [{k: v for k, v in g.items() if k != "params"}
+                              for g in self._opt.param_groups]
+            self._owed = set(params)
+            self._stepping = True
+            ready = [p for p in self._owed if p in self._reduced]
+            self._reduced.clear()
+            if ready:
+                self._apply(ready)
+
+    def zero_grad(self, args: tuple, kwargs: dict) -> None:
+        """``zero_grad`` now for parameters already updated, after their update for the rest."""
+        with self._cond:
+            done = [p for g in self._opt.param_groups for p in g["params"] if p not in self._owed]
+            self._base.zero_grad(self._shadow([(0, done)], plain=True), *args, **kwargs)
+            self._zero = (args, kwargs) if self._owed else None
+
+    def wait(self, params: Iterable[torch.Tensor]) -> None:
+        """Block until none of ``params`` owes an update (forward pre-hooks)."""
+        params = list(params)
+        with self._cond:
+            while any(p in self._owed for p in params):
+                self._cond.wait(timeout=0.05)
+                self._check()
+
+    def drain(self) -> None:
+        """Block until every owed update is applied."""
+        with self._cond:
+            while self._owed:
+                self._cond.wait(timeout=0.05)
+                self._check()
+            self._stepping = False
+
+    def reset(self) -> None:
+        with self._cond:
+            self._owed.clear()
+            self._reduced.clear()
+            self._stepping = False
+            self._zero = None
+            self._cond.notify_all()
+
+    @property
+    def owed(self) -> int:
+        return len(self._owed)
+
+    # -- internals (lock held) -----------------------------------------------------------------
+    def _apply(self, params: list[torch.Tensor]) -> None:
+        by_group: dict[int, list[torch.Tensor]] = {}
+        for p in params:
+            by_group.setdefault(self._group_of[p], []).append(p)
+        shadow = self._shadow(sorted(by_group.items()))
+        self._base.step(shadow)
+        if self._zero is not None:
+            args, kwargs = self._zero
+            self._base.zero_grad(shadow, *args, **kwargs)
+        self._owed.difference_update(params)
+        if not self._owed:
+            self._zero = None
+        self._cond.notify_all()
+
+    def _shadow(self, groups: list[tuple[int, list[torch.Tensor]]], plain: bool = False) -> Any:
+        """An instance of the user's class sharing this optimizer's state, over ``groups``."""
+        shadow = object.__new__(self._base)
+        shadow.__dict__.update(self._opt.__dict__)
+        if plain:
+            shadow.param_groups = [{"params": ps} for _, ps in groups]
+        else:
+            shadow.param_groups = [dict(self._snapshot[i], params=ps) for i, ps in groups]
+        return shadow
