@@ -27,9 +27,11 @@ test-unit:
 
 test-mpi:
 	$(MPIRUN) $(PYTEST_MR)
+	$(MPIRUN) $(PY) tests/multirank/exit_applies_updates.py
 
 test-gloo:
 	$(HVDRUN) $(PYTEST_MR)
+	$(HVDRUN) $(PY) tests/multirank/exit_applies_updates.py
 
 demo: install
 	./scripts/demo.sh

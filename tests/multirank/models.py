@@ -45,7 +45,7 @@ def batches(steps: int, passes: int = 1, batch: int = 4):
 
 def train(model: nn.Module, opt: torch.optim.Optimizer, steps: int = 5, passes: int = 1,
           before_step: Callable[[torch.optim.Optimizer], None] | None = None,
-          ) -> list[torch.Tensor]:
+          after_step: Callable[[], None] | None = None) -> list[torch.Tensor]:
     for micro in batches(steps, passes):
         opt.zero_grad()      # Horovod's zero_grad takes no arguments (horovod#3405)
         for x, y in micro:
@@ -54,6 +54,8 @@ def train(model: nn.Module, opt: torch.optim.Optimizer, steps: int = 5, passes: 
             before_step(opt)
         else:
             opt.step()
+        if after_step is not None:
+            after_step()
     # Through state_dict(), as a checkpoint reads them: it must see every update applied.
     return [v.detach().clone() for v in model.state_dict().values()]
 
