@@ -35,8 +35,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--num-warmup-batches", type=int, default=3)
     parser.add_argument("--num-batches-per-iter", type=int, default=3)
     parser.add_argument("--num-iters", type=int, default=5)
-    parser.add_argument("--policy", default="horovod,wfbp,bytescheduler",
-                        help="comma-separated: horovod and/or dcredit_hvd policies")
+    parser.add_argument("--policy", default="horovod,wfbp,bytescheduler,dcredit",
+                        help="comma-separated: horovod and/or dcredit_hvd policies; a '-sync' "
+                        "suffix (e.g. dcredit-sync) runs the policy without model=, so step() "
+                        "waits for every gradient instead of overlapping the next forward")
     parser.add_argument("--partition-bytes", default=None)
     parser.add_argument("--credit-bytes", default=None)
     parser.add_argument("--fp16-allreduce", action="store_true")
@@ -74,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     for policy in args.policies:
         if policy not in BASELINES:
             from dcredit_hvd.config import SchedulerConfig
-            SchedulerConfig.resolve(policy=policy)   # fail fast, on every rank, before any work
+            # fail fast, on every rank, before any work
+            SchedulerConfig.resolve(policy=policy.removesuffix("-sync"))
 
     unit = zoo.entry(args.model).unit
     torch.manual_seed(0)
@@ -137,16 +140,22 @@ def main(argv: list[str] | None = None) -> int:
                 opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                                compression=compression)
             elif policy != "compute":
+                overlap = not policy.endswith("-sync")
                 opt = dcredit_hvd.DistributedOptimizer(
                     opt, named_parameters=model.named_parameters(), compression=compression,
-                    model=model, policy=policy, partition_bytes=args.partition_bytes,
-                    credit_bytes=args.credit_bytes)
+                    model=model if overlap else None, policy=policy.removesuffix("-sync"),
+                    partition_bytes=args.partition_bytes, credit_bytes=args.credit_bytes)
             hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 
             def step() -> None:
                 opt.zero_grad()
                 loss_of(model).backward()
                 opt.step()
+            # dcredit profiles its first iterations, then plans: run those before timing.
+            profiling = getattr(opt, "scheduler_config", None)
+            if profiling is not None and profiling.policy == "dcredit":
+                for _ in range(profiling.profile_warmup + profiling.profile_steps + 1):
+                    step()
             return step
         return make
 

@@ -372,7 +372,7 @@ def _check(p: Profile, cost: CostModel, r: sim.SimResult) -> None:
         assert r.iteration_s >= sim.no_overlap_bound(p, cost) * (1 - 1e-9) - 1e-12
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases(), st.sampled_from(sim.POLICY_NAMES))
 def test_every_policy_is_at_least_the_lower_bounds_and_sends_each_block_once(case, name):
     p, cost, options = case
@@ -389,7 +389,7 @@ def test_dcredit_with_partition_search_is_at_least_the_lower_bound(case):
     _check(p, cost, r)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(cases())
 def test_overlapping_the_next_forward_never_makes_a_scheduled_policy_slower_without_cycles(case):
     # With no Horovod cycle the only difference is that forward may start before the last
