@@ -22,7 +22,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-BASELINES = ("horovod",)
+#: Policies that are not dcredit_hvd's: plain Horovod and PyTorch DDP.
+BASELINES = ("horovod", "ddp")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -35,8 +36,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--num-warmup-batches", type=int, default=3)
     parser.add_argument("--num-batches-per-iter", type=int, default=3)
     parser.add_argument("--num-iters", type=int, default=5)
-    parser.add_argument("--policy", default="horovod,wfbp,bytescheduler,dcredit",
-                        help="comma-separated: horovod and/or dcredit_hvd policies; a '-sync' "
+    parser.add_argument("--policy", default="horovod,ddp,wfbp,bytescheduler,dcredit",
+                        help="comma-separated: horovod (hvd.DistributedOptimizer), ddp "
+                        "(torch DistributedDataParallel over Gloo) and/or dcredit_hvd policies; a '-sync' "
                         "suffix (e.g. dcredit-sync) runs the policy without model=, so step() "
                         "waits for every gradient instead of overlapping the next forward")
     parser.add_argument("--partition-bytes", default=None)
@@ -132,20 +134,25 @@ def main(argv: list[str] | None = None) -> int:
             f"{hvd.size() * result['img_sec_mean']:.1f} +-{hvd.size() * result['img_sec_conf']:.1f}")
         return result
 
+    optimizers: dict[str, Any] = {}
+
     def training_step(policy: str) -> Callable[[], Callable[[], None]]:
         def make() -> Callable[[], None]:
             model = fresh_model()
+            hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+            if policy == "ddp":
+                model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=25)
             opt = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size(), momentum=0.9)
             if policy == "horovod":
                 opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                                compression=compression)
-            elif policy != "compute":
+            elif policy not in ("compute", "ddp"):
                 overlap = not policy.endswith("-sync")
                 opt = dcredit_hvd.DistributedOptimizer(
                     opt, named_parameters=model.named_parameters(), compression=compression,
                     model=model if overlap else None, policy=policy.removesuffix("-sync"),
                     partition_bytes=args.partition_bytes, credit_bytes=args.credit_bytes)
-            hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+            optimizers[policy] = opt
 
             def step() -> None:
                 opt.zero_grad()
@@ -178,8 +185,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_bounds:
         results["compute"] = timed_run("compute only", training_step("compute"))
         results["communication"] = timed_run("communication only", communication_step)
+    if "ddp" in args.policies:
+        init_gloo_process_group(hvd)
     for policy in args.policies:
         results["policies"][policy] = timed_run(policy, training_step(policy))
+    results["simulated"] = simulator_check(results, optimizers, args)
 
     if rank0:
         print_table(results)
@@ -188,6 +198,61 @@ def main(argv: list[str] | None = None) -> int:
                 json.dump(results, fh, indent=2)
             print(f"results written to {args.json}")
     return 0
+
+
+def init_gloo_process_group(hvd: Any) -> None:
+    """torch.distributed over Gloo in the same processes, for the ``ddp`` baseline: rank 0
+    picks a free port on loopback and tells the others through Horovod."""
+    import os
+    import socket
+
+    import torch.distributed as dist
+
+    port = None
+    if hvd.rank() == 0:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+    port = hvd.broadcast_object(port, root_rank=0, name="bench.ddp.port")
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=hvd.rank(),
+                            world_size=hvd.size())
+
+
+def simulator_check(results: dict[str, Any], optimizers: dict[str, Any],
+                    args: argparse.Namespace) -> dict[str, Any]:
+    """Each measured policy predicted by the simulator from the profile and cost model that
+    ``dcredit`` measured in this run; error in percent of the measured time."""
+    from dcredit_hvd import simulator
+    from dcredit_hvd.policies import DCredit
+
+    measured = next((o.measured for o in optimizers.values()
+                     if getattr(o, "measured", None) is not None), None)
+    if measured is None:
+        return {}
+    profile, cost = measured
+    out = {}
+    for name, run in results["policies"].items():
+        base = name.removesuffix("-sync")
+        overlap = not name.endswith("-sync")
+        if base == "ddp":
+            continue
+        kwargs: dict[str, Any] = {"overlap_forward": overlap and base != "horovod",
+                                  "fusion_bytes": 128 << 20}
+        if base in ("wfbp", "bytescheduler"):
+            config = optimizers[name].scheduler_config
+            kwargs.update(partition_bytes=config.partition_bytes, credit_bytes=config.credit_bytes)
+            policy: Any = base
+        elif base == "dcredit":
+            plan = optimizers[name].plan
+            policy = DCredit(plan, overlap_forward=overlap)
+        else:
+            policy = base
+        predicted = simulator.simulate(profile, cost, policy, **kwargs).iteration_s
+        actual = run["seconds_per_iteration"]
+        out[name] = {"predicted": predicted, "measured": actual,
+                     "error_percent": 100.0 * (predicted - actual) / actual}
+    return out
 
 
 def print_table(results: dict[str, Any]) -> None:
@@ -200,13 +265,18 @@ def print_table(results: dict[str, Any]) -> None:
         print(f"\ncompute only {results['compute']['seconds_per_iteration'] * 1e3:.1f} ms, "
               f"communication only {results['communication']['seconds_per_iteration'] * 1e3:.1f} ms, "
               f"lower bound max(compute, communication) {bound * 1e3:.1f} ms")
+    simulated = results.get("simulated", {})
     print(f"\n{'policy':<15}{'ms/iter':>10}{'img/sec':>10}{'speedup vs horovod':>20}"
-          f"{'x lower bound':>15}")
+          f"{'x lower bound':>15}{'simulated ms':>14}{'error':>8}")
     for name, r in policies.items():
         t = r["seconds_per_iteration"]
         speedup = f"{base / t:.2f}x" if base else "-"
         ratio = f"{t / bound:.2f}" if bound else "-"
-        print(f"{name:<15}{t * 1e3:>10.1f}{r['img_sec_mean']:>10.1f}{speedup:>20}{ratio:>15}")
+        sim = simulated.get(name)
+        predicted = f"{sim['predicted'] * 1e3:.1f}" if sim else "-"
+        error = f"{sim['error_percent']:+.0f}%" if sim else "-"
+        print(f"{name:<15}{t * 1e3:>10.1f}{r['img_sec_mean']:>10.1f}{speedup:>20}{ratio:>15}"
+              f"{predicted:>14}{error:>8}")
 
 
 if __name__ == "__main__":

@@ -141,6 +141,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._overlap = model is not None
         self._policy = make_policy(config, overlap_forward=self._overlap)
         self._plan = None
+        self._measured = None
         # dcredit profiles the live job first (under bytescheduler rules), then plans.
         self._profiler = (StepProfiler(config.profile_warmup, config.profile_steps)
                           if config.policy == "dcredit" else None)
@@ -311,6 +312,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                                       process_set=self._process_set,
                                                       name="dcredit.plan")
         self._plan = plan
+        self._measured = (profile, cost)
         self._policy = make_policy(self._config, plan, overlap_forward=self._overlap)
         self._layouts = self._build_layouts(plan.partition_bytes)
         policy = self._policy if self._is_gate else Immediate()
@@ -517,6 +519,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def plan(self):
         """The D-Credit plan in force (identical on every rank), or None before/without one."""
         return self._plan if self._enabled else None
+
+    @property
+    def measured(self):
+        """``(Profile, CostModel)`` that ``dcredit`` planned from (rank 0's, on every rank)."""
+        return self._measured if self._enabled else None
 
     @property
     def scheduler_config(self) -> SchedulerConfig:

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-$PWD/.venv}
 export PATH=$VENV/bin:$PATH OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 RATE=${DEMO_RATE:-1gbit}
-POLICIES=${DEMO_POLICIES:-horovod,wfbp,bytescheduler,dcredit-sync,dcredit}
+POLICIES=${DEMO_POLICIES:-horovod,ddp,wfbp,bytescheduler,dcredit-sync,dcredit}
 mkdir -p results
 exec ./scripts/netshape.sh "$RATE" -- \
     timeout -k 10 1200 mpirun -np 2 --oversubscribe --bind-to none --map-by slot \
