@@ -78,6 +78,11 @@ class SchedulerConfig:
     #: Seconds between polls of in-flight all-reduces by the completion thread.
     #: ``DCREDIT_POLL_SECONDS``.  Horovod's own cycle is 1 ms, so polling faster gains little.
     poll_seconds: float = 0.0005
+    #: Seconds an iteration's blocks may wait before the blocks still outstanding are logged
+    #: (``DCREDIT_STALL_SECONDS``), and before the wait raises ``StallError`` in the training
+    #: thread (``DCREDIT_STALL_ABORT_SECONDS``; 0 waits for ever, like Horovod).
+    stall_seconds: float = 60.0
+    stall_abort_seconds: float = 600.0
     #: ``dcredit``: iterations run (under ``bytescheduler`` rules) before profiling starts, and
     #: iterations averaged into the profile; the plan takes over after both, on every rank at
     #: the same step.  ``DCREDIT_PROFILE_WARMUP``, ``DCREDIT_PROFILE_STEPS``.
@@ -94,6 +99,8 @@ class SchedulerConfig:
         "partition_bytes": "DCREDIT_PARTITION_BYTES",
         "credit_bytes": "DCREDIT_CREDIT_BYTES",
         "poll_seconds": "DCREDIT_POLL_SECONDS",
+        "stall_seconds": "DCREDIT_STALL_SECONDS",
+        "stall_abort_seconds": "DCREDIT_STALL_ABORT_SECONDS",
         "profile_warmup": "DCREDIT_PROFILE_WARMUP",
         "profile_steps": "DCREDIT_PROFILE_STEPS",
         "profile_out": "DCREDIT_PROFILE_OUT",
@@ -132,8 +139,10 @@ class SchedulerConfig:
             return policy
         if name in ("partition_bytes", "credit_bytes"):
             return parse_bytes(value, what)
-        if name == "poll_seconds":
+        if name in ("poll_seconds", "stall_seconds"):
             return _parse_float(value, what, 0.0)
+        if name == "stall_abort_seconds":
+            return _parse_float(value, what, -1e-9)
         if name == "profile_warmup":
             return _parse_int(value, what, 0)
         if name == "profile_steps":

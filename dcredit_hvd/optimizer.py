@@ -151,7 +151,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         gate_policy.bind(self._layouts)
         self._scheduler = BlockScheduler(
             gate_policy, submit=self._submit_item, poll=comm.poll, collect=comm.collect,
-            poll_seconds=config.poll_seconds)
+            poll_seconds=config.poll_seconds, stall_seconds=config.stall_seconds,
+            stall_abort_seconds=config.stall_abort_seconds)
         self._updater = ParameterUpdater(self, self._dcredit_base, self._scheduler.check)
         self._register_hooks(model)
         if self._overlap:
@@ -556,6 +557,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          partition_bytes: Any = None,
                          credit_bytes: Any = None,
                          poll_seconds: Optional[float] = None,
+                         stall_seconds: Optional[float] = None,
+                         stall_abort_seconds: Optional[float] = None,
                          profile_warmup: Optional[int] = None,
                          profile_steps: Optional[int] = None,
                          profile_out: Optional[str] = None):
@@ -570,6 +573,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     * ``partition_bytes``: largest block in bytes as sent (``"4MiB"`` accepted).
     * ``credit_bytes``: bytes in flight under ``bytescheduler``.
     * ``poll_seconds``: completion polling interval.
+    * ``stall_seconds``, ``stall_abort_seconds``: log blocks that have not completed after the
+      first, raise ``StallError`` after the second (0: wait for ever).
     * ``profile_warmup``, ``profile_steps``: ``dcredit`` runs this many iterations under
       ``bytescheduler`` rules, then averages this many into the profile it plans from.
     * ``profile_out``: ``dcredit`` writes the measured profile and plan to this JSON file.
@@ -599,6 +604,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     config = SchedulerConfig.resolve(policy=policy, partition_bytes=partition_bytes,
                                      credit_bytes=credit_bytes, poll_seconds=poll_seconds,
+                                     stall_seconds=stall_seconds,
+                                     stall_abort_seconds=stall_abort_seconds,
                                      profile_warmup=profile_warmup, profile_steps=profile_steps,
                                      profile_out=profile_out)
     base = optimizer.__class__

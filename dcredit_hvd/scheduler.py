@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -49,6 +49,10 @@ class SchedulerError(RuntimeError):
     """An error raised in the completion thread, re-raised in the training thread."""
 
 
+class StallError(TimeoutError):
+    """Blocks did not complete within ``DCREDIT_STALL_ABORT_SECONDS``."""
+
+
 class BlockScheduler:
     """Queue + gate + completion thread for one optimizer.
 
@@ -58,13 +62,15 @@ class BlockScheduler:
 
     def __init__(self, policy: Policy, *, submit: Callable[[Item], int],
                  poll: Callable[[int], bool], collect: Callable[[int], torch.Tensor],
-                 poll_seconds: float = 0.0005, stall_seconds: float = 60.0) -> None:
+                 poll_seconds: float = 0.0005, stall_seconds: float = 60.0,
+                 stall_abort_seconds: float = 0.0) -> None:
         self.policy = policy
         self._submit = submit
         self._poll = poll
         self._collect = collect
         self._poll_seconds = poll_seconds
         self._stall_seconds = stall_seconds
+        self._stall_abort_seconds = stall_abort_seconds
         self._cond = threading.Condition(threading.Lock())
         self._queue: list[Item] = []
         self._inflight: list[Item] = []
@@ -109,12 +115,16 @@ class BlockScheduler:
             self._pump()
 
     def wait_all(self) -> None:
-        """Block until every queued block has completed; re-raise completion-thread errors."""
+        """Block until every queued block has completed; re-raise completion-thread errors.
+
+        After ``stall_seconds`` without completing, log which blocks wait; after
+        ``stall_abort_seconds`` (when > 0) raise ``StallError`` instead of waiting for ever.
+        """
         with self._cond:
             started = time.monotonic()
             warned = False
             while self._outstanding and self._error is None:
-                self._cond.wait(timeout=1.0)
+                self._cond.wait(timeout=min(1.0, self._stall_seconds))
                 waited = time.monotonic() - started
                 if not warned and waited > self._stall_seconds:
                     warned = True
@@ -122,12 +132,30 @@ class BlockScheduler:
                                 "for: %s. A rank may have stopped submitting (uneven batches, "
                                 "rank-dependent control flow or a failed peer).",
                                 self._outstanding, waited, self._describe_waiting())
+                if self._stall_abort_seconds and waited > self._stall_abort_seconds:
+                    raise StallError(
+                        f"dcredit_hvd: {self._outstanding} block(s) did not complete within "
+                        f"{self._stall_abort_seconds:.0f} s (DCREDIT_STALL_ABORT_SECONDS); waiting "
+                        f"for {self._describe_waiting()}. Another rank stopped submitting "
+                        "gradients: check for uneven batches per rank, rank-dependent control "
+                        "flow, or a failed peer; raise the limit if a step can take this long.")
             self._raise_if_failed()
             self._iteration_open = False
 
     def check(self) -> None:
+        """Re-raise a completion-thread error; raise ``StallError`` if a released block has been
+        in flight longer than ``stall_abort_seconds`` (callers that wait elsewhere poll this)."""
         with self._cond:
             self._raise_if_failed()
+            if self._stall_abort_seconds and self._inflight:
+                oldest = min(item.submitted_at for item in self._inflight)
+                if time.monotonic() - oldest > self._stall_abort_seconds:
+                    raise StallError(
+                        f"dcredit_hvd: a block has been in flight for more than "
+                        f"{self._stall_abort_seconds:.0f} s (DCREDIT_STALL_ABORT_SECONDS); waiting "
+                        f"for {self._describe_waiting()}. Another rank stopped submitting "
+                        "gradients: check for uneven batches per rank, rank-dependent control "
+                        "flow, or a failed peer.")
 
     @property
     def outstanding(self) -> int:
@@ -209,7 +237,3 @@ class BlockScheduler:
         queued = [i.block.name for i in sorted(self._queue)[:5]]
         return f"in flight {names}{'...' if len(self._inflight) > 5 else ''}, " \
                f"queued {queued}{'...' if len(self._queue) > 5 else ''}"
-
-
-def describe_item(item: Item) -> dict[str, Any]:
-    return {"name": item.block.name, "key": item.block.key, "bytes": item.block.nbytes}

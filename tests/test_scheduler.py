@@ -158,3 +158,31 @@ def test_close_stops_the_completion_thread():
     thread = sched._thread
     sched.close()
     assert thread is not None and not thread.is_alive()
+
+
+def test_blocks_that_never_complete_raise_a_stall_error_naming_them():
+    from dcredit_hvd.scheduler import StallError
+
+    link = FakeLink()                          # nothing ever completes: a peer stopped submitting
+    sched, layouts = make(Immediate(), link)
+    sched._stall_seconds, sched._stall_abort_seconds = 0.05, 0.2
+    sched.start_iteration()
+    sched.enqueue(0, items_for(layouts[0]))
+    with pytest.raises(StallError, match=r"did not complete within .*dcredit\.a\.0of4"):
+        sched.wait_all()
+    sched.close()
+
+
+def test_a_block_in_flight_too_long_makes_check_raise_for_waiting_forward_passes():
+    from dcredit_hvd.scheduler import StallError
+
+    link = FakeLink()
+    sched, layouts = make(Immediate(), link)
+    sched._stall_abort_seconds = 0.1
+    sched.start_iteration()
+    sched.enqueue(0, items_for(layouts[0]))
+    sched.check()                                 # young: fine
+    time.sleep(0.15)
+    with pytest.raises(StallError, match="in flight for more than"):
+        sched.check()
+    sched.close()

@@ -15,6 +15,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 import dcredit_hvd  # noqa: E402
+
 from models import make_model, params_close, train  # noqa: E402
 
 hvd.init()

@@ -11,6 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import dcredit_hvd
+
 from conftest import assert_all_ranks
 from models import batches, make_model, max_rel_diff, params_close, train
 
