@@ -6,8 +6,9 @@ editing this file only.  Public ``horovod.torch`` API only: Horovod is never pat
 """
 from __future__ import annotations
 
+import pickle
 import time
-from typing import Any
+from typing import Any, Optional
 
 import horovod.torch as hvd
 import torch
@@ -54,11 +55,26 @@ def wait(handle: int, poll_seconds: float = 0.0002) -> torch.Tensor:
     return collect(handle)
 
 
-def broadcast_object(obj: Any, root_rank: int = 0, process_set: Any = None, name: str = None) -> Any:
+def broadcast_object(obj: Any, root_rank: int = 0, process_set: Any = None,
+                     name: Optional[str] = None) -> Any:
     kwargs = {"process_set": process_set} if process_set is not None else {}
     return hvd.broadcast_object(obj, root_rank=root_rank, name=name, **kwargs)
 
 
-def allgather_object(obj: Any, process_set: Any = None, name: str = None) -> list:
-    kwargs = {"process_set": process_set} if process_set is not None else {}
-    return hvd.allgather_object(obj, name=name, **kwargs)
+def allgather_object(obj: Any, process_set: Any = None, name: Optional[str] = None) -> list:
+    """Every rank's ``obj``, in rank order, over ``process_set``.
+
+    ``hvd.allgather_object`` has no process-set argument in 0.28.1, so objects travel as pickled
+    bytes through ``hvd.allgather`` (which concatenates rows of different lengths).
+    """
+    process_set = hvd.global_process_set if process_set is None else process_set
+    payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+    prefix = name or "dcredit.allgather_object"
+    sizes = hvd.allgather(torch.tensor([payload.numel()]), name=f"{prefix}.sizes",
+                          process_set=process_set)
+    data = hvd.allgather(payload, name=f"{prefix}.data", process_set=process_set)
+    out, offset = [], 0
+    for size in sizes.tolist():
+        out.append(pickle.loads(data[offset:offset + size].numpy().tobytes()))
+        offset += size
+    return out

@@ -91,6 +91,21 @@ def _write_profile(path, cost, samples, profile, plan, search) -> None:
         json.dump(record, fh, indent=1)
 
 
+def _first_difference(ref: dict, other: dict, other_rank: int) -> str:
+    for key in ref:
+        if ref[key] == other[key]:
+            continue
+        if key != "parameters":
+            return f"{key} is {ref[key]!r} on rank 0 but {other[key]!r} on rank {other_rank}"
+        for i, (a, b) in enumerate(zip(ref[key], other[key])):
+            if a != b:
+                return (f"trainable parameter #{i} is {a} (name, shape, dtype) on rank 0 but {b} "
+                        f"on rank {other_rank}")
+        return (f"rank 0 has {len(ref[key])} trainable parameters but rank {other_rank} has "
+                f"{len(other[key])}")
+    return f"rank {other_rank} differs from rank 0"
+
+
 def _apply_at_exit(ref) -> None:
     """A script that ends right after its last step() still ends with every update applied."""
     opt = ref()
@@ -147,6 +162,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                           if config.policy == "dcredit" else None)
         self._order = self._initial_order()
         self._layouts = self._build_layouts(self._policy.partition_bytes(config.partition_bytes))
+        self._check_agreement(backward_passes_per_step)
         gate_policy = self._policy if self._is_gate else Immediate()
         gate_policy.bind(self._layouts)
         self._scheduler = BlockScheduler(
@@ -194,6 +210,30 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 seen.add(p)
                 unique.append((name, p))
         return unique
+
+    def _check_agreement(self, backward_passes_per_step: int) -> None:
+        """Every rank must send the same blocks under the same names, or Horovod waits for ever
+        for names some rank never submits.  One all-gather of each rank's description at
+        construction turns that hang into an error, on every rank, naming the first difference.
+        """
+        mine = {
+            "parameters": [(self._parameter_names[p], tuple(p.shape), str(p.dtype))
+                           for p in self._order],
+            "policy": self._config.policy,
+            "partition_bytes": self._config.partition_bytes,
+            "backward_passes_per_step": backward_passes_per_step,
+            "op": str(self._op),
+            "compression": getattr(self._compression, "__name__", type(self._compression).__name__),
+        }
+        everyone = comm.allgather_object(mine, process_set=self._process_set,
+                                         name="dcredit.agreement")
+        for other_rank, theirs in enumerate(everyone):
+            if theirs != everyone[0]:
+                raise ValueError(
+                    "dcredit_hvd: ranks disagree on what to all-reduce: "
+                    f"{_first_difference(everyone[0], theirs, other_rank)}. Every rank must build "
+                    "the same model (same parameters, shapes, dtypes and requires_grad) and pass "
+                    "the same DistributedOptimizer arguments and DCREDIT_* variables.")
 
     def _initial_order(self) -> list:
         """Tensor order before forward was observed: the order parameters were named in."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from .blocks import partition
@@ -54,6 +54,17 @@ class Plan:
     predicted_iteration: float | None = None
     #: How the windows were computed (``plan``'s options), for logs; not used by the runtime.
     rule: str = "greedy"
+    #: Phase-2 rule when the next forward overlaps (``plan(phase2=...)``), for logs; the runtime
+    #: spends ``phase2_group`` and ``phase2_depth``, which encode it.
+    phase2: str = "per_tensor"
+    #: Phase-2 window of each tensor under ``DCredit(plan, overlap_forward=True)``: consecutive
+    #: tensors with the same number are released together as one window (one fused all-reduce).
+    #: Empty: one window per tensor (spec §4).  Non-decreasing, starting at 0, steps of 0 or 1.
+    phase2_group: tuple[int, ...] = ()
+    #: Phase-2 windows that may be in flight at once under overlap: 1 is spec §4's barrier (the
+    #: next window waits for the previous one to complete); 2 lets window ``g+1`` go out while
+    #: ``g`` is still in flight, so the link does not drain between windows.
+    phase2_depth: int = 1
 
     def __post_init__(self) -> None:
         m = self.blocks_per_tensor
@@ -84,6 +95,20 @@ class Plan:
                                  f"blocks but only {ready} are ready by then")
         if self.last_fraction and len(self.last_fraction) != L:
             raise ValueError("Plan: last_fraction needs one entry per tensor")
+        g = self.phase2_group
+        if g:
+            if len(g) != L or any(not isinstance(x, numbers.Integral) for x in g):
+                raise ValueError("Plan: phase2_group needs one int per tensor")
+            if g[0] != 0 or any(y - x not in (0, 1) for x, y in zip(g, g[1:])):
+                raise ValueError("Plan invariant violated: phase2_group must start at 0 and grow "
+                                 "by 0 or 1 from one tensor to the next (consecutive windows)")
+        if (isinstance(self.phase2_depth, bool) or not isinstance(self.phase2_depth, numbers.Integral)
+                or self.phase2_depth < 1):
+            raise ValueError(f"Plan: phase2_depth must be an int >= 1, got {self.phase2_depth!r}")
+
+    def phase2_window_of(self, tensor: int) -> int:
+        """The phase-2 window (under overlap) that tensor ``tensor``'s remaining blocks belong to."""
+        return self.phase2_group[tensor] if self.phase2_group else tensor
 
     @property
     def num_tensors(self) -> int:
@@ -120,7 +145,12 @@ class Plan:
                 f"{sum(1 for x in self.phase1_windows if x)} windows, {self.total_blocks - p1} in phase 2)")
         if self.predicted_iteration is not None:
             text += f", model iteration {self.predicted_iteration * 1e3:.3f} ms"
-        return text + f", rule {self.rule}"
+        text += f", rule {self.rule}"
+        if self.phase2 != PHASE2_PER_TENSOR or self.phase2_depth != 1:
+            groups = len({self.phase2_window_of(l) for l, p in enumerate(self.phase2_windows) if p})
+            text += (f", phase 2 (overlap) {self.phase2}: {groups} windows, "
+                     f"up to {self.phase2_depth} in flight")
+        return text
 
 
 @dataclass(frozen=True)
@@ -156,11 +186,21 @@ SHORT_GAP_RULES = (SHORT_GAP_ONE_BLOCK, SHORT_GAP_DEFER)
 PHASE1_GREEDY = "greedy"            # spec §3: fill each backward gap, most urgent blocks first
 PHASE1_BATCHED = "batched"          # exact optimum over windows that release every ready block
 PHASE1_RULES = (PHASE1_GREEDY, PHASE1_BATCHED)
+#: ``phase2`` values: how the blocks left after backward are windowed when the next forward
+#: overlaps them (``DCredit(plan, overlap_forward=True)``; without overlap phase 2 drains at once
+#: whatever the rule).  See ``docs/algorithm.md`` §4b.
+PHASE2_PER_TENSOR = "per_tensor"            # spec §4: one window per tensor, each after the last completes
+PHASE2_PIPELINED = "pipelined"              # one window per tensor, the next goes out while one is in flight
+PHASE2_GROUPED = "grouped"                  # consecutive tensors share a window until it covers a startup
+PHASE2_GROUPED_PIPELINED = "grouped_pipelined"  # both
+PHASE2_RULES = (PHASE2_PER_TENSOR, PHASE2_PIPELINED, PHASE2_GROUPED, PHASE2_GROUPED_PIPELINED)
+#: Windows in flight at once under each pipelined rule.
+PIPELINE_DEPTH = 2
 
 
 def plan(profile: Profile, cost: CostModel, partition_bytes: int, *, cycle_s: float = 0.0,
          short_gap: str = SHORT_GAP_ONE_BLOCK, overlap_forward: bool = True,
-         phase1: str = PHASE1_GREEDY) -> Plan:
+         phase1: str = PHASE1_GREEDY, phase2: str = PHASE2_PER_TENSOR) -> Plan:
     """Compute D-Credit's windows for ``profile`` under ``cost`` with blocks of ``partition_bytes``.
 
     Phase 1, ``phase1="greedy"`` (spec §3, the greedy of Gao et al. with defects 1-3 fixed): for
@@ -181,6 +221,15 @@ def plan(profile: Profile, cost: CostModel, partition_bytes: int, *, cycle_s: fl
     ``phase1="batched"``: the exact optimum, under the same cost model, over plans whose windows
     release every ready block (``_batched``).
 
+    ``phase2`` (only spent under ``DCredit(plan, overlap_forward=True)``) decides how the blocks
+    left after backward are windowed, recorded in ``Plan.phase2_group`` / ``Plan.phase2_depth``:
+    ``"per_tensor"`` (spec §4: one window per tensor, each released when the previous completed),
+    ``"pipelined"`` (one window per tensor, the next released while one is still in flight),
+    ``"grouped"`` (consecutive tensors share one window until the window's forward time covers a
+    startup plus a cycle, ``_phase2_layout``), ``"grouped_pipelined"`` (both).  The windows'
+    sizes (``windows[L-1+l]``) and the phase-1 windows of the greedy do not depend on it; the
+    batched rule's choice of what to leave to phase 2 does (it minimises the timeline).
+
     ``cycle_s`` is Horovod's cycle (``HOROVOD_CYCLE_TIME``): a window released on an idle link
     waits for the next cycle, and a phase-2 window released on a completion misses the cycle that
     starts at that completion.  It enters the model timeline (``predicted_iteration``) and the
@@ -189,8 +238,8 @@ def plan(profile: Profile, cost: CostModel, partition_bytes: int, *, cycle_s: fl
     models spec §4's phase 2 (one window per tensor, the next forward overlapping), False the
     runtime's drain (everything left released at once at the end of backward, the next forward
     after the last all-reduce).  The defaults (``cycle_s=0``, ``short_gap="one_block"``,
-    ``overlap_forward=True``, ``phase1="greedy"``) are spec §3-§4 literally; ``docs/algorithm.md``
-    argues each deviation from the cost model.
+    ``overlap_forward=True``, ``phase1="greedy"``, ``phase2="per_tensor"``) are spec §3-§4
+    literally; ``docs/algorithm.md`` argues each deviation from the cost model.
 
     ``b * S_p`` is the time of one full block; blocks are cut exactly as ``blocks.partition``
     cuts them, so a full block holds ``max(1, S_p // element_size)`` elements (``S_p`` bytes
@@ -207,6 +256,8 @@ def plan(profile: Profile, cost: CostModel, partition_bytes: int, *, cycle_s: fl
     if short_gap not in SHORT_GAP_RULES:
         raise ValueError(f"plan: short_gap must be one of {', '.join(SHORT_GAP_RULES)}, "
                          f"got {short_gap!r}")
+    if phase2 not in PHASE2_RULES:
+        raise ValueError(f"plan: phase2 must be one of {', '.join(PHASE2_RULES)}, got {phase2!r}")
     partition_bytes = int(partition_bytes)
     cycle_s = float(cycle_s)
     L = profile.num_tensors
@@ -219,7 +270,8 @@ def plan(profile: Profile, cost: CostModel, partition_bytes: int, *, cycle_s: fl
     last = [lb / f for lb, f in zip(shape.last_bytes, shape.full_bytes)]
     r = profile.ready_times()
     if phase1 == PHASE1_BATCHED:
-        return _batched(profile, cost, partition_bytes, shape, last, cycle_s, overlap_forward)
+        return _batched(profile, cost, partition_bytes, shape, last, cycle_s, overlap_forward,
+                        phase2)
     # Below this dt the window is left empty: -a (spec: the link is still busy) or 0 (defer a
     # window whose startup would not fit in the idle gap).
     busy_below = -a if short_gap == SHORT_GAP_ONE_BLOCK else 0.0
@@ -265,6 +317,7 @@ def plan(profile: Profile, cost: CostModel, partition_bytes: int, *, cycle_s: fl
         stack.append(l)
     for l in range(L):
         windows[L - 1 + l] = pending[l]
+    group, depth = _phase2_layout(profile, cost, pending, phase2, cycle_s)
 
     return Plan(
         partition_bytes=partition_bytes,
@@ -273,13 +326,17 @@ def plan(profile: Profile, cost: CostModel, partition_bytes: int, *, cycle_s: fl
         last_fraction=tuple(last),
         predicted_phase1_end=tau,
         predicted_iteration=_phase2_timeline(profile, cost, shape, pending, tau, cycle_s,
-                                             overlap_forward),
+                                             overlap_forward, group, depth),
         rule=f"{PHASE1_GREEDY}/{short_gap}",
+        phase2=phase2,
+        phase2_group=group,
+        phase2_depth=depth,
     )
 
 
 def _batched(profile: Profile, cost: CostModel, partition_bytes: int, shape: _Shape,
-             last: list[float], cycle_s: float, overlap_forward: bool) -> Plan:
+             last: list[float], cycle_s: float, overlap_forward: bool,
+             phase2: str = PHASE2_PER_TENSOR) -> Plan:
     """``phase1="batched"``: the best plan, under the planner's model, among plans whose every
     non-empty phase-1 window releases ALL blocks ready and not yet sent (see ``docs/algorithm.md``).
 
@@ -292,8 +349,8 @@ def _batched(profile: Profile, cost: CostModel, partition_bytes: int, shape: _Sh
     * ``overlap_forward=False``: the last release is at the end of backward (phase 2, everything
       left at once): minimise ``E_0``, the end of the last all-reduce, which ``step()`` waits for.
     * ``overlap_forward=True``: choose the last phase-1 release ``k`` (``k = L``: none); tensors
-      ``0..k-1`` go in spec §4's per-tensor phase-2 windows after ``E_k``; minimise the
-      ``_phase2_timeline`` of that choice.
+      ``0..k-1`` go in phase-2 windows (laid out by ``phase2``, ``_phase2_layout``) after
+      ``E_k``; minimise the ``_phase2_timeline`` of that choice.
 
     The family contains "release every gradient as soon as it is ready" (what Horovod does), so
     under the model the result is never worse than that.
@@ -333,17 +390,20 @@ def _batched(profile: Profile, cost: CostModel, partition_bytes: int, shape: _Sh
 
     if not overlap_forward:
         windows, pending = windows_for(0, prev[0])
+        group, depth = _phase2_layout(profile, cost, pending, phase2, c)
         link_free = float(E[prev[0]]) if prev[0] < L else r[0]
         link_free = max(link_free, r[0])
         predicted = max(float(E[0]), r[0]) + sum(profile.t_u) + profile.forward_time
     else:
         best_k, best_time, link_free = L, math.inf, r[0]
+        group, depth = (), 1
         for k in range(L, 0, -1):
             free = max(float(E[k]), r[0]) if k < L else r[0]
             pend = [m[l] if l < k else 0 for l in range(L)]
-            t = _phase2_timeline(profile, cost, shape, pend, free, c, True)
+            grp, dep = _phase2_layout(profile, cost, pend, phase2, c)
+            t = _phase2_timeline(profile, cost, shape, pend, free, c, True, grp, dep)
             if t < best_time:
-                best_k, best_time, link_free = k, t, free
+                best_k, best_time, link_free, group, depth = k, t, free, grp, dep
         windows, pending = windows_for(best_k, best_k)
         predicted = best_time
     return Plan(
@@ -354,11 +414,46 @@ def _batched(profile: Profile, cost: CostModel, partition_bytes: int, shape: _Sh
         predicted_phase1_end=link_free,
         predicted_iteration=predicted,
         rule=PHASE1_BATCHED,
+        phase2=phase2,
+        phase2_group=group,
+        phase2_depth=depth,
     )
 
 
+def _phase2_layout(profile: Profile, cost: CostModel, pending: Sequence[int], phase2: str,
+                   cycle_s: float) -> tuple[tuple[int, ...], int]:
+    """``(Plan.phase2_group, Plan.phase2_depth)`` for the ``phase2`` rule (see :func:`plan`).
+
+    Grouping (``"grouped"``, ``"grouped_pipelined"``): walk the tensors with blocks left in
+    forward order; tensor ``l`` opens a new window when the forward time of the current window's
+    layers (from its first tensor up to ``l - 1``, tensors without blocks left included) is at
+    least ``a`` plus, without pipelining, ``cycle_s``.  By the model a separate window for ``l``
+    costs one more startup (and, behind a barrier, one more cycle) on the link; it gains only if
+    the forward of the layers before ``l`` can run in that time, so shorter runs of layers
+    (BatchNorm and bias vectors, LayerNorms) ride with their neighbours.
+    """
+    depth = PIPELINE_DEPTH if phase2 in (PHASE2_PIPELINED, PHASE2_GROUPED_PIPELINED) else 1
+    if phase2 in (PHASE2_PER_TENSOR, PHASE2_PIPELINED):
+        return (), depth
+    threshold = cost.a + (cycle_s if depth == 1 else 0.0)
+    group = []
+    g = 0
+    covered = 0.0          # forward seconds of the open window's layers so far
+    opened = False
+    for l, p in enumerate(pending):
+        if p and opened and covered >= threshold:
+            g += 1
+            covered = 0.0
+        group.append(g)
+        opened = opened or bool(p)
+        if opened:
+            covered += profile.t_f[l]
+    return tuple(group), depth
+
+
 def _phase2_timeline(profile: Profile, cost: CostModel, shape: _Shape, pending: list[int],
-                     link_free: float, cycle_s: float = 0.0, overlap_forward: bool = True) -> float:
+                     link_free: float, cycle_s: float = 0.0, overlap_forward: bool = True,
+                     group: Sequence[int] = (), depth: int = 1) -> float:
     """Model end of the next forward pass, in seconds from the start of backward (spec §4).
 
     ``overlap_forward=True``: window ``l`` (tensor ``l``'s remaining ``p_l`` blocks, the tail
@@ -368,6 +463,13 @@ def _phase2_timeline(profile: Profile, cost: CostModel, shape: _Shape, pending: 
     layer ``l`` waits for its predecessor and for its own gradient plus update:
     ``f_l = max(f_{l-1} + t_f(l-1), c_l + t_u(l))`` with ``f_0 >= r_0``.  A tensor fully sent in
     phase 1 was reduced before the first window and imposes nothing.
+
+    Windows (``group``, ``depth``; ``_phase2_layout``): the tensors of one window complete
+    together, ``c_g = c_{g-1} + cycle_s + T(bytes of window g)``.  With ``depth > 1`` and the
+    link still busy with phase 1 when backward ends, the gate sees a completion while window
+    ``g`` is queued or running and releases ``g+1`` then, so the windows run back to back:
+    ``c_g = c_{g-1} + T(bytes)``.  (On an idle link the only completions are the windows' own,
+    so the pipeline never fills and each window still waits one cycle.)
 
     ``overlap_forward=False``: everything left goes out as one window at the end of backward,
     ``c = max(link_free, r_0 + cycle_s) + T(bytes left)``, then every update and the whole forward.
@@ -387,10 +489,21 @@ def _phase2_timeline(profile: Profile, cost: CostModel, shape: _Shape, pending: 
     link = max(link_free, r0)
     wait = r0 + cycle_s        # the first window is released when backward ends
     start = r0                 # earliest start of the next layer's forward
+    primed = depth > 1 and link_free > r0 + cycle_s
+    window_bytes: dict[int, int] = {}
     for l, p in enumerate(pending):
         if p:
-            link = max(link, wait) + cost.time(left[l])
-            wait = link + cycle_s  # the gate sees the completion after Horovod's next cycle began
+            g = group[l] if group else l
+            window_bytes[g] = window_bytes.get(g, 0) + left[l]
+    current = None
+    for l, p in enumerate(pending):
+        if p:
+            g = group[l] if group else l
+            if g != current:
+                current = g
+                link = max(link, wait) + cost.time(window_bytes[g])
+                # Barrier: the gate sees the completion after Horovod's next cycle began.
+                wait = link if primed else link + cycle_s
             start = max(start, link + t_u[l])
         start += profile.t_f[l]
     return start

@@ -22,17 +22,25 @@ Distributed Deep Learning", IEEE TNSE 12(2), 2025; spec §5.  The windows come f
     releasing together lets Horovod fuse the rest into as few all-reduces as its fusion buffer
     allows (one startup instead of one startup plus one cycle per tensor).
   - ``overlap_forward=True`` (spec §4: forward of layer ``l`` waits only for tensor ``l``): what
-    is left goes out one tensor at a time in priority (forward) order; the window of the head's
-    tensor opens only when every block released by the previous phase-2 window has completed,
-    so tensor ``l+1`` never competes with ``l``::
+    is left goes out window by window in priority (forward) order.  A window is one tensor
+    (spec §4) or, under ``Plan.phase2_group``, a run of consecutive tensors released together.
+    With ``Plan.phase2_depth == 1`` (spec) the head's window opens only when every block
+    released by earlier phase-2 windows has completed, so window ``g+1`` never competes with
+    ``g``.  With depth ``d > 1`` it may open while fewer than ``d`` windows are in flight,
+    provided a completion (of any block) was seen since the last window opened: the gate learns
+    of completions after Horovod's next cycle began, so the previous window has then been taken
+    by a cycle and the new one lands in a later cycle instead of being fused with it::
 
-        admit(head)  <=>  head.tensor == open  or  no phase-2 block in flight   (then open = head.tensor)
+        admit(head)  <=>  window(head) == open
+                          or  no phase-2 block in flight
+                          or  (windows in flight < depth  and  a completion since open changed)
+                          (then open = window(head))
 
-  Liveness: with the barrier, a refusal in phase 2 implies a phase-2 block in flight; its
-  completion empties the set eventually, and the next ``admit`` then succeeds.  Without it
-  nothing is refused.  So every queued block is released once completions arrive, whatever
-  blocks, tensors or ready events the driver saw (the authors' runtime counted dispatches
-  against ``sum(windows)`` and could hang, spec §6 defect 9).
+  Liveness: a refusal in phase 2 implies a phase-2 block in flight; its completion sets the
+  completion flag and, eventually, empties the in-flight set, after which the next ``admit``
+  succeeds.  Without overlap nothing is refused.  So every queued block is released once
+  completions arrive, whatever blocks, tensors or ready events the driver saw (the authors'
+  runtime counted dispatches against ``sum(windows)`` and could hang, spec §6 defect 9).
 
 Blocks released in phase 1 and still in flight do not gate phase 2: they are already submitted,
 and the planner's timeline already queues phase 2 behind them.
@@ -66,8 +74,13 @@ class DCredit(Policy):
         self._credited = bytearray(L)
         self._budget = 0
         self._phase = 1
-        self._open = -1                                  # tensor of the open phase-2 window
-        self._inflight2: set[tuple[int, int]] = set()    # keys released in phase 2, not completed
+        #: Phase-2 window of each tensor, and how many windows may be in flight at once.
+        self._window_of = tuple(plan.phase2_window_of(l) for l in range(L))
+        self._depth = plan.phase2_depth
+        self._open = -1                                  # the open phase-2 window
+        self._inflight2: dict[tuple[int, int], int] = {}  # keys released in phase 2 -> window
+        self._window_inflight: dict[int, int] = {}       # window -> its blocks in flight
+        self._completed_since_open = False
         #: Blocks released in each phase this iteration, and budget left when backward ended.
         self.released = [0, 0]
         self.unused_budget = 0
@@ -105,7 +118,9 @@ class DCredit(Policy):
         self._budget = 0
         self._phase = 1
         self._open = -1
-        self._inflight2 = set()
+        self._inflight2 = {}
+        self._window_inflight = {}
+        self._completed_since_open = False
         self.released = [0, 0]
         self.unused_budget = 0
 
@@ -124,7 +139,14 @@ class DCredit(Policy):
         self._budget = 0
 
     def on_complete(self, block: Block) -> None:
-        self._inflight2.discard(block.key)
+        self._completed_since_open = True
+        window = self._inflight2.pop(block.key, None)
+        if window is not None:
+            left = self._window_inflight[window] - 1
+            if left:
+                self._window_inflight[window] = left
+            else:
+                del self._window_inflight[window]
 
     def admit(self, block: Block) -> bool:
         if self._phase == 1:
@@ -136,18 +158,32 @@ class DCredit(Policy):
         if not self.overlap_forward:
             self.released[1] += 1
             return True
-        if block.tensor != self._open:
-            if self._inflight2:
+        window = self._window_of[block.tensor]
+        if window != self._open:
+            busy = len(self._window_inflight)
+            if busy and (busy >= self._depth or not self._completed_since_open):
                 return False
-            self._open = block.tensor
-        self._inflight2.add(block.key)
+            self._open = window
+            self._completed_since_open = False
+        self._inflight2[block.key] = window
+        self._window_inflight[window] = self._window_inflight.get(window, 0) + 1
         self.released[1] += 1
         return True
+
+    @property
+    def phase2_windows_in_flight(self) -> int:
+        """Phase-2 windows with a released block not yet completed (at most ``phase2_depth``)."""
+        return len(self._window_inflight)
 
     def describe(self) -> str:
         p = self.plan
         p1 = sum(p.phase1_windows)
-        phase2 = "per-tensor windows" if self.overlap_forward else "released at once"
+        if not self.overlap_forward:
+            phase2 = "released at once"
+        elif not p.phase2_group and p.phase2_depth == 1:
+            phase2 = "per-tensor windows"
+        else:
+            phase2 = f"{p.phase2} windows, up to {p.phase2_depth} in flight"
         return (f"dcredit(S_p={p.partition_bytes} B, L={p.num_tensors}, {p.total_blocks} blocks: "
                 f"{p1} in {sum(1 for w in p.phase1_windows if w)} phase-1 windows, "
                 f"{p.total_blocks - p1} in phase 2, {phase2})")
