@@ -304,9 +304,9 @@ def _run_simulate(args: argparse.Namespace) -> int:
 def _search_lines(result, where: str = "") -> list[str]:
     """One line per planner rule tried by ``simulator.best_dcredit``, the winner marked."""
     rules: dict[str, list[str]] = {}
-    for rule, size, seconds in result.search_all or [(result.plan.rule, s, t) for s, t in result.search]:
+    for rule, size, seconds in result.search_all or [(result.plan.label, s, t) for s, t in result.search]:
         rules.setdefault(rule, []).append(f"{_size(size)} {seconds * 1e3:.1f}")
-    return [f"dcredit search{where}, rule {rule}{' (chosen)' if rule == result.plan.rule else ''} "
+    return [f"dcredit search{where}, rule {rule}{' (chosen)' if rule == result.plan.label else ''} "
             f"(simulated ms): {', '.join(tried)}" for rule, tried in rules.items()]
 
 

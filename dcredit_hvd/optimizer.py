@@ -23,7 +23,7 @@ from typing import Any, Optional
 import horovod.torch as hvd
 import torch
 
-from . import comm
+from . import comm, timeline
 from .blocks import TensorLayout, build_layout
 from .config import SchedulerConfig
 from .policies import Immediate, make_policy
@@ -144,6 +144,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._forward_seen: set = set()
         self._forward_order_applied = False
         self._step_in_flight = False       # an overlapped step() whose updates may be owed
+        self._layer_started: dict = {}     # module -> forward start (timeline)
         self._fallback_logged = False
 
         self._enabled = process_set.included() and (
@@ -168,7 +169,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._scheduler = BlockScheduler(
             gate_policy, submit=self._submit_item, poll=comm.poll, collect=comm.collect,
             poll_seconds=config.poll_seconds, stall_seconds=config.stall_seconds,
-            stall_abort_seconds=config.stall_abort_seconds)
+            stall_abort_seconds=config.stall_abort_seconds,
+            timeline=timeline.from_env(comm.rank()))
+        self._timeline = self._scheduler.timeline
+        self._last_ready = None             # for the backward track of the timeline
         self._updater = ParameterUpdater(self, self._dcredit_base, self._scheduler.check)
         self._register_hooks(model)
         if self._overlap:
@@ -259,6 +263,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return
         owned = set(self._requires_update)
         hooked = set()
+        self._module_names = {m: n or type(m).__name__ for n, m in model.named_modules()}
         for module in model.modules():
             params = [p for p in module.parameters(recurse=False) if p in owned]
             if params:
@@ -294,17 +299,24 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                         self._forward_order.append(p)
             if self._profiler is not None:
                 self._profiler.layer_start(module)
+            if self._timeline is not None:
+                self._layer_started[module] = time.perf_counter()
         return hook
 
     def _make_layer_end_hook(self, params):
         def hook(module, inputs, output):
             if self._profiler is not None:
                 self._profiler.layer_end(module, params)
+            if self._timeline is not None and module in self._layer_started:
+                self._timeline.layer("forward", self._module_names[module],
+                                     self._layer_started.pop(module), time.perf_counter())
         return hook
 
     def _model_forward_end(self, module, inputs, output):
         if self._profiler is not None:
             self._profiler.forward_end()
+        if self._timeline is not None:
+            self._last_ready = time.perf_counter()
 
     def _apply_forward_order(self) -> None:
         """Re-index tensors in the order forward first used them (spec §2), once, between
@@ -359,6 +371,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         policy = self._policy if self._is_gate else Immediate()
         policy.bind(self._layouts)
         self._scheduler.policy = policy
+        if self._timeline is not None:
+            self._timeline.mark("plan installed", partition_bytes=plan.partition_bytes)
         if comm.rank() == 0:
             _log_plan(cost, samples, profile, plan, search, time.perf_counter() - started)
             if self._config.profile_out:
@@ -377,8 +391,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if self._allreduce_delay[p] == 0:
                 if self._profiler is not None:
                     self._profiler.ready(p)
+                if self._timeline is not None:
+                    self._trace_backward(p)
                 self._enqueue(p)
         return hook
+
+    def _trace_backward(self, p) -> None:
+        """Backward track: each gradient spans from the previous gradient's readiness (or the
+        end of forward) to its own, the time autograd spent producing it."""
+        now = time.perf_counter()
+        start = self._last_ready if self._last_ready is not None else now
+        self._timeline.layer("backward", self._parameter_names[p], start, now)
+        self._last_ready = now
 
     def _enqueue(self, p) -> None:
         if self._step_in_flight:

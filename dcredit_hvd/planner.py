@@ -119,6 +119,11 @@ class Plan:
         return sum(self.blocks_per_tensor)
 
     @property
+    def label(self) -> str:
+        """``rule``, plus the phase-2 rule when it is not spec §4's (as search tables print it)."""
+        return self.rule if self.phase2 == PHASE2_PER_TENSOR else f"{self.rule} + {self.phase2}"
+
+    @property
     def phase1_windows(self) -> tuple[int, ...]:
         """``windows[0..L-2]``; ``windows[k]`` is released when gradient ``L-1-k`` is ready."""
         return self.windows[: self.num_tensors - 1]

@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -43,6 +43,7 @@ class Item:
     finish: Optional[Callable[[torch.Tensor], None]] = field(compare=False, default=None)
     handle: Optional[int] = field(compare=False, default=None)
     submitted_at: float = field(compare=False, default=0.0)
+    ready_at: float = field(compare=False, default=0.0)
 
 
 class SchedulerError(RuntimeError):
@@ -63,7 +64,7 @@ class BlockScheduler:
     def __init__(self, policy: Policy, *, submit: Callable[[Item], int],
                  poll: Callable[[int], bool], collect: Callable[[int], torch.Tensor],
                  poll_seconds: float = 0.0005, stall_seconds: float = 60.0,
-                 stall_abort_seconds: float = 0.0) -> None:
+                 stall_abort_seconds: float = 0.0, timeline: Any = None) -> None:
         self.policy = policy
         self._submit = submit
         self._poll = poll
@@ -71,6 +72,7 @@ class BlockScheduler:
         self._poll_seconds = poll_seconds
         self._stall_seconds = stall_seconds
         self._stall_abort_seconds = stall_abort_seconds
+        self.timeline = timeline               # timeline.Timeline or None (DCREDIT_TIMELINE)
         self._cond = threading.Condition(threading.Lock())
         self._queue: list[Item] = []
         self._inflight: list[Item] = []
@@ -101,18 +103,20 @@ class BlockScheduler:
             self._raise_if_failed()
             if not self._iteration_open:
                 raise AssertionError("enqueue outside an iteration")
+            now = time.perf_counter()
             for item in items:
                 item.seq = next(self._seq)
+                item.ready_at = now
                 heapq.heappush(self._queue, item)
             self._outstanding += len(items)
             self.policy.on_ready(tensor)
-            self._pump()
+            self._pump(f"ready tensor {tensor}")
 
     def end_backward(self) -> None:
         with self._cond:
             self._raise_if_failed()
             self.policy.on_backward_end()
-            self._pump()
+            self._pump("backward end")
 
     def wait_all(self) -> None:
         """Block until every queued block has completed; re-raise completion-thread errors.
@@ -121,11 +125,11 @@ class BlockScheduler:
         ``stall_abort_seconds`` (when > 0) raise ``StallError`` instead of waiting for ever.
         """
         with self._cond:
-            started = time.monotonic()
+            started = time.perf_counter()
             warned = False
             while self._outstanding and self._error is None:
                 self._cond.wait(timeout=min(1.0, self._stall_seconds))
-                waited = time.monotonic() - started
+                waited = time.perf_counter() - started
                 if not warned and waited > self._stall_seconds:
                     warned = True
                     log.warning("dcredit_hvd: %d block(s) still outstanding after %.0f s; waiting "
@@ -149,7 +153,7 @@ class BlockScheduler:
             self._raise_if_failed()
             if self._stall_abort_seconds and self._inflight:
                 oldest = min(item.submitted_at for item in self._inflight)
-                if time.monotonic() - oldest > self._stall_abort_seconds:
+                if time.perf_counter() - oldest > self._stall_abort_seconds:
                     raise StallError(
                         f"dcredit_hvd: a block has been in flight for more than "
                         f"{self._stall_abort_seconds:.0f} s (DCREDIT_STALL_ABORT_SECONDS); waiting "
@@ -169,9 +173,9 @@ class BlockScheduler:
             self._thread.join(timeout=5.0)
 
     # -- gate ---------------------------------------------------------------------------
-    def _pump(self) -> None:
+    def _pump(self, reason: str) -> None:
         """Release the head of the queue while the policy admits it (lock held)."""
-        released = False
+        released = 0
         while self._queue and self.policy.admit(self._queue[0].block):
             item = heapq.heappop(self._queue)
             try:
@@ -179,10 +183,12 @@ class BlockScheduler:
             except BaseException as exc:  # a Horovod error on submission
                 self._fail(exc)
                 raise
-            item.submitted_at = time.monotonic()
+            item.submitted_at = time.perf_counter()
             self.submitted_names.append(item.block.name)
             self._inflight.append(item)
-            released = True
+            released += 1
+        if released and self.timeline is not None:
+            self.timeline.release(released, reason)
         if released:
             self._ensure_thread()
             self._cond.notify_all()
@@ -210,16 +216,27 @@ class BlockScheduler:
                     output = self._collect(item.handle)
                     if item.finish is not None:
                         item.finish(output)
+                if self.timeline is not None:
+                    self._trace(done)
                 with self._cond:
                     for item in done:
                         self._inflight.remove(item)
                         self._outstanding -= 1
                         self.policy.on_complete(item.block)
-                    self._pump()
+                    self._pump("completion")
                     self._cond.notify_all()
         except BaseException as exc:  # surfaced in the training thread
             with self._cond:
                 self._fail(exc)
+
+    def _trace(self, done: list[Item]) -> None:
+        now = time.perf_counter()
+        layouts = self.policy.layouts
+        for item in done:
+            block = item.block
+            tensor_name = layouts[block.tensor].name if block.tensor < len(layouts) else ""
+            self.timeline.block(block.tensor, tensor_name, block.name, item.ready_at,
+                                item.submitted_at, now, block.nbytes)
 
     def _fail(self, exc: BaseException) -> None:
         if self._error is None:

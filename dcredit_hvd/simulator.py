@@ -71,6 +71,11 @@ DEFAULT_PLAN_RULES: tuple[dict[str, str], ...] = (
     {"phase1": "batched"},
 )
 
+#: Phase-2 rules (``planner.plan(phase2=...)``) the search crosses with every rule above when
+#: the next forward overlaps (without overlap phase 2 drains at once and they are all the same
+#: plan).  The first is spec §4 literally; ``docs/algorithm.md`` §4b argues the others.
+DEFAULT_PHASE2_RULES: tuple[str, ...] = ("per_tensor", "pipelined", "grouped", "grouped_pipelined")
+
 #: Names ``simulate`` accepts besides Policy objects.
 POLICY_NAMES = ("horovod", "wfbp", "bytescheduler", "dcredit", "immediate")
 #: Row names of the bounds in ``compare``.
@@ -410,7 +415,8 @@ def best_dcredit(profile: Profile, cost: CostModel, *,
                  candidates: Sequence[int] = DEFAULT_CANDIDATES, overlap_forward: bool = False,
                  cycle_s: float = DEFAULT_CYCLE_S, fusion_bytes: int | None = None,
                  warmup: int = 1, iterations: int = 2,
-                 rules: Sequence[Mapping[str, Any]] = DEFAULT_PLAN_RULES) -> SimResult:
+                 rules: Sequence[Mapping[str, Any]] = DEFAULT_PLAN_RULES,
+                 phase2_rules: Sequence[str] = DEFAULT_PHASE2_RULES) -> SimResult:
     """D-Credit with the partition size and planner rule chosen by simulation.
 
     For every planner rule in ``rules`` (``planner.plan`` keywords), ``planner.choose_partition``
@@ -419,16 +425,29 @@ def best_dcredit(profile: Profile, cost: CostModel, *,
     candidate cheap); the fastest rule wins, ties going to the earlier rule in ``rules``.  Each
     plan is made with this simulation's ``cycle_s`` and ``overlap_forward`` and spent by
     ``DCredit(plan, overlap_forward=overlap_forward)``, exactly as the runtime will spend the
-    returned ``.plan``.  ``search`` is the winning rule's table, ``search_all`` every row.
+    returned ``.plan``.  ``search`` is the winning rule's table, ``search_all`` every row
+    (labelled ``Plan.label``).
+
+    With ``overlap_forward`` every rule is crossed with every ``phase2_rules`` entry (rule
+    order first, so the spec's ``per_tensor`` wins ties); the winner's phase-2 layout travels in
+    the plan (``Plan.phase2_group``, ``Plan.phase2_depth``), which is all ``DCredit`` reads.
+    Without overlap ``phase2_rules`` is ignored (phase 2 drains at once).
     """
     from .planner import choose_partition, plan
     from .policies.dcredit import DCredit
 
     if not rules:
         raise ValueError("best_dcredit: no planner rules given")
+    phase2s: Sequence[str | None] = (None,)
+    if overlap_forward:
+        if not phase2_rules:
+            raise ValueError("best_dcredit: no phase-2 rules given")
+        phase2s = phase2_rules
     best: SimResult | None = None
     every: list[tuple[str, int, float]] = []
-    for options in rules:
+    crossed = [{**options, **({} if p2 is None else {"phase2": p2})}
+               for options in rules for p2 in phase2s]
+    for options in crossed:
         options = {**options, "cycle_s": cycle_s, "overlap_forward": overlap_forward}
         cache: dict[int, SimResult] = {}
 
@@ -446,7 +465,7 @@ def best_dcredit(profile: Profile, cost: CostModel, *,
 
         size, table = choose_partition(profile, cost, candidates, predict)
         result = replace(cache.get(size) or run(size), search=tuple(table))
-        every.extend((result.plan.rule, s, t) for s, t in table)
+        every.extend((result.plan.label, s, t) for s, t in table)
         if best is None or result.iteration_s < best.iteration_s:
             best = result
     assert best is not None
