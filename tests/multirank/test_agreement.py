@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import dcredit_hvd
+
 from conftest import assert_all_ranks
 
 
