@@ -14,7 +14,7 @@ MPIRUN    := timeout -k 10 $(MULTIRANK_TIMEOUT) mpirun -np 2 --oversubscribe --b
 HVDRUN    := timeout -k 10 $(MULTIRANK_TIMEOUT) horovodrun -np 2 -H localhost:2 --gloo
 PYTEST_MR := $(PY) -m pytest -q -p no:cacheprovider tests/multirank
 
-.PHONY: install test test-unit test-mpi test-gloo demo lint clean
+.PHONY: install test test-unit test-mpi test-gloo demo bench lint clean
 
 install:
 	VENV=$(VENV) ./scripts/install.sh
@@ -35,6 +35,10 @@ test-gloo:
 
 demo: install
 	./scripts/demo.sh
+
+# The full comparison (zoo models x bandwidths); writes results/bench/benchmarks.md and PNGs.
+bench: install
+	$(PY) scripts/bench_all.py $(BENCH_ARGS)
 
 lint:
 	$(VENV)/bin/ruff check dcredit_hvd tests scripts

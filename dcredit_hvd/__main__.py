@@ -5,7 +5,9 @@ Commands live in a registry (``COMMANDS``); another module adds one with ``regis
     register(Command("bench", "run the benchmark", configure=add_args, run=do_bench))
 
 ``simulate`` prints every policy side by side for a zoo model on a modelled link; ``plan`` prints
-D-Credit's chosen partition and windows.  Neither needs torch nor Horovod.
+D-Credit's chosen partition and windows.  With ``--profile FILE.json`` (written by the runtime when
+``DCREDIT_PROFILE_OUT`` is set) both use the MEASURED profile and fitted cost model instead of a zoo
+model and a modelled link.  Neither needs torch nor Horovod.
 """
 from __future__ import annotations
 
@@ -129,8 +131,11 @@ def _add_model_args(p: argparse.ArgumentParser, sweep: bool) -> None:
     from . import simulator, zoo
 
     several = " (comma-separated list to sweep)" if sweep else ""
-    p.add_argument("--model", required=True, type=_list_of(str),
+    p.add_argument("--model", type=_list_of(str), default=None,
                    help=f"zoo model: {', '.join(zoo.MODELS)}{several}")
+    p.add_argument("--profile", default=None, metavar="FILE.json",
+                   help="a measured profile written by the runtime (DCREDIT_PROFILE_OUT): use its "
+                        "profile and fitted cost model instead of --model and the link options")
     p.add_argument("--workers", type=int, default=16, help="data-parallel workers (default 16)")
     p.add_argument("--bandwidth", type=_list_of(parse_rate), default=[10e9],
                    help=f"link bandwidth per worker, e.g. 1Gbit, 10Gbit, 25Gbit{several} "
@@ -171,6 +176,52 @@ def _setup(args: argparse.Namespace, model: str, bandwidth: float):
     profile = zoo.profile(model, batch, args.device_tflops * 1e12, args.element_size)
     cost = simulator.link_cost(bandwidth, args.latency, args.workers, args.op_overhead)
     return entry, batch, profile, cost
+
+
+def _load_measured(path: str):
+    """``(profile, cost, record)`` from a ``DCREDIT_PROFILE_OUT`` file (see ``optimizer.py``)."""
+    import json
+
+    from .costmodel import CostModel
+    from .profile import Profile
+
+    try:
+        with open(path) as fh:
+            record = json.load(fh)
+    except OSError as exc:
+        raise ValueError(f"cannot read profile {path!r}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"profile {path!r} is not JSON: {exc}") from None
+    try:
+        c, p = record["cost"], record["profile"]
+        cost = CostModel(a=float(c["a"]), b=float(c["b"]), residual=c.get("residual"),
+                         r2=c.get("r2"))
+        profile = Profile.from_lists(p["names"], p["nbytes"], p["element_size"], p["t_f"],
+                                     p["t_b"], p.get("t_u") or ())
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"profile {path!r} lacks a field or has a wrong type: {exc!r}; expected "
+                         f"{{'cost': {{'a', 'b', ...}}, 'profile': {{'names', 'nbytes', "
+                         f"'element_size', 't_f', 't_b', 't_u'}}, ...}}") from None
+    if profile.num_tensors == 0:
+        raise ValueError(f"profile {path!r} has no tensors")
+    return profile, cost, record
+
+
+def _check_source(args: argparse.Namespace) -> None:
+    if (args.model is None) == (args.profile is None):
+        raise ValueError("give either --model (a zoo model) or --profile FILE.json (a measured one)")
+
+
+def _measured_header(args: argparse.Namespace, profile, cost) -> list[str]:
+    return [
+        (f"measured profile {args.profile}: {profile.num_tensors} tensors, "
+         f"{profile.total_bytes / 1e6:.1f} MB of gradients as sent"),
+        (f"compute: forward {profile.forward_time * 1e3:.1f} ms, backward "
+         f"{profile.backward_time * 1e3:.1f} ms, update {sum(profile.t_u) * 1e3:.1f} ms"),
+        (f"fitted cost model: {cost.describe()}; Horovod cycle {args.cycle * 1e3:g} ms, "
+         f"fusion {_fusion_text(args)}"),
+        f"mode: {_mode_text(args)}",
+    ]
 
 
 def _canonical(model: str) -> str:
@@ -250,7 +301,13 @@ def _run_simulate(args: argparse.Namespace) -> int:
     for name in policies:
         if name not in simulator.POLICY_NAMES:
             raise ValueError(f"unknown policy {name!r}; choose from {', '.join(simulator.POLICY_NAMES)}")
-    configs = [(m, bw) for m in args.model for bw in args.bandwidth]
+    _check_source(args)
+    measured = None
+    if args.profile is not None:
+        measured = _load_measured(args.profile)
+        configs = [(None, None)]
+    else:
+        configs = [(m, bw) for m in args.model for bw in args.bandwidth]
     sweep = len(configs) > 1
     rows = [(["model", "Gbit/s"] if sweep else [])
             + ["policy", "iteration ms", "vs horovod", "/ bound", "link busy ms", "exposed ms",
@@ -258,10 +315,14 @@ def _run_simulate(args: argparse.Namespace) -> int:
     notes: list[str] = []
     headers: list[str] = []
     for model, bandwidth in configs:
-        entry, batch, profile, cost = _setup(args, model, bandwidth)
-        if not sweep:
+        if measured is not None:
+            profile, cost, _ = measured
+            headers = _measured_header(args, profile, cost)
+        elif not sweep:
+            entry, batch, profile, cost = _setup(args, model, bandwidth)
             headers = _header(args, model, bandwidth, entry, batch, profile, cost)
         else:
+            entry, batch, profile, cost = _setup(args, model, bandwidth)
             line = (f"{_canonical(model)}: batch {batch} ({entry.unit}), "
                     f"{profile.total_bytes / 1e6:.1f} MB of gradients, compute "
                     f"{profile.forward_time * 1e3:.1f} + {profile.backward_time * 1e3:.1f} ms "
@@ -312,18 +373,28 @@ def _search_lines(result, where: str = "") -> list[str]:
 
 def _configure_plan(p: argparse.ArgumentParser) -> None:
     _add_model_args(p, sweep=False)
+    from . import planner
+
     p.add_argument("--partition", type=_positive_size, default=None,
-                   help="plan with this block size instead of searching --candidates")
+                   help="plan with this block size (spec greedy) instead of searching --candidates")
+    p.add_argument("--phase2", choices=planner.PHASE2_RULES, default=planner.PHASE2_PER_TENSOR,
+                   help="phase-2 rule with --partition and --overlap (default per_tensor, spec §4)")
 
 
 def _run_plan(args: argparse.Namespace) -> int:
     from . import planner, simulator
 
-    if len(args.model) != 1 or len(args.bandwidth) != 1:
-        raise ValueError("plan takes one --model and one --bandwidth")
-    model, bandwidth = args.model[0], args.bandwidth[0]
-    entry, batch, profile, cost = _setup(args, model, bandwidth)
-    print("\n".join(_header(args, model, bandwidth, entry, batch, profile, cost)))
+    _check_source(args)
+    record: dict = {}
+    if args.profile is not None:
+        profile, cost, record = _load_measured(args.profile)
+        print("\n".join(_measured_header(args, profile, cost)))
+    else:
+        if len(args.model) != 1 or len(args.bandwidth) != 1:
+            raise ValueError("plan takes one --model and one --bandwidth")
+        model, bandwidth = args.model[0], args.bandwidth[0]
+        entry, batch, profile, cost = _setup(args, model, bandwidth)
+        print("\n".join(_header(args, model, bandwidth, entry, batch, profile, cost)))
     search: tuple = ()
     if args.partition is None:
         result = simulator.best_dcredit(profile, cost, candidates=args.candidates,
@@ -332,7 +403,7 @@ def _run_plan(args: argparse.Namespace) -> int:
         plan, search = result.plan, result.search
     else:
         plan = planner.plan(profile, cost, args.partition, cycle_s=args.cycle,
-                            overlap_forward=args.overlap)
+                            overlap_forward=args.overlap, phase2=args.phase2)
         result = simulator.simulate(profile, cost, _dcredit(plan, args.overlap),
                                     overlap_forward=args.overlap, cycle_s=args.cycle,
                                     fusion_bytes=args.fusion)
@@ -354,16 +425,37 @@ def _run_plan(args: argparse.Namespace) -> int:
             rows.append([str(k), str(j), profile.names[j], str(w)])
     print("\n".join(_table(rows, [True, True, False, True])) if len(rows) > 1 else "  (none)")
     print()
+    if not args.overlap:
+        how = ", all released at once"
+    elif not plan.phase2_group and plan.phase2_depth == 1:
+        how = ", one window per tensor, each after the previous completed (spec)"
+    else:
+        how = (f", rule {plan.phase2}: tensors with the same 'sent in' go out as one window, "
+               f"up to {plan.phase2_depth} window(s) in flight")
     print("phase 2 (next forward): blocks of tensor l left when backward ends, in forward order"
-          + (", one window per tensor" if args.overlap else ", all released at once"))
-    rows = [["window", "l", "tensor", "blocks", "of"]]
+          + how)
+    rows = [["window", "l", "tensor", "blocks", "of", "sent in"]]
     for l, w in enumerate(plan.phase2_windows):
         if w:
             rows.append([str(L - 1 + l), str(l), profile.names[l], str(w),
-                         str(plan.blocks_per_tensor[l])])
-    print("\n".join(_table(rows, [True, True, False, True, True])) if len(rows) > 1 else "  (none)")
+                         str(plan.blocks_per_tensor[l]),
+                         str(plan.phase2_window_of(l)) if args.overlap else "drain"])
+    print("\n".join(_table(rows, [True, True, False, True, True, True])) if len(rows) > 1
+          else "  (none)")
     print(f"\n{L - 1 - sum(1 for w in plan.phase1_windows if w)} phase-1 and "
           f"{L - sum(1 for w in plan.phase2_windows if w)} phase-2 windows are empty (not shown).")
+    if record.get("plan"):
+        old = record["plan"]
+        windows = list(old.get("windows") or [])
+        same = (old.get("partition_bytes") == plan.partition_bytes
+                and windows == list(plan.windows))
+        print(f"\nthe runtime's recorded plan: S_p = {old.get('partition_bytes')} B, "
+              f"{sum(1 for w in windows[:L - 1] if w)} phase-1 windows, "
+              f"{sum(windows[L - 1:])} blocks in phase 2"
+              + (" (the same windows as above)" if same else " (differs from the plan above)"))
+    if record.get("search"):
+        print("the runtime's recorded search (predicted ms): "
+              + ", ".join(f"{_size(int(s))} {float(t) * 1e3:.1f}" for s, t in record["search"]))
     return 0
 
 
@@ -372,9 +464,10 @@ def _dcredit(plan, overlap_forward: bool):
     return DCredit(plan, overlap_forward=overlap_forward)
 
 
-register(Command("simulate", "simulate every policy on a zoo model and a modelled link",
+register(Command("simulate", "simulate every policy on a zoo model and a modelled link, "
+                             "or on a measured profile and cost",
                  _configure_simulate, _run_simulate))
-register(Command("plan", "print D-Credit's partition and windows for a zoo model",
+register(Command("plan", "print D-Credit's partition and windows for a zoo or measured model",
                  _configure_plan, _run_plan))
 
 

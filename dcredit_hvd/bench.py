@@ -93,8 +93,8 @@ def main(argv: list[str] | None = None) -> int:
             return F.cross_entropy(model(data), target)
     else:
         vocab = args.options.get("vocab", 50257)
-        ctx = args.options.get("ctx", 1024)
-        data = torch.randint(0, vocab, (args.batch_size, ctx))
+        tokens = args.options.get("seq_len", args.options.get("ctx", 1024))
+        data = torch.randint(0, vocab, (args.batch_size, tokens + 1))
 
         def loss_of(model: Any) -> Any:
             logits = model(data[:, :-1])

@@ -196,7 +196,7 @@ PHASE1_RULES = (PHASE1_GREEDY, PHASE1_BATCHED)
 #: whatever the rule).  See ``docs/algorithm.md`` §4b.
 PHASE2_PER_TENSOR = "per_tensor"            # spec §4: one window per tensor, each after the last completes
 PHASE2_PIPELINED = "pipelined"              # one window per tensor, the next goes out while one is in flight
-PHASE2_GROUPED = "grouped"                  # consecutive tensors share a window until it covers a startup
+PHASE2_GROUPED = "grouped"                  # runs of consecutive tensors share a window (model optimum)
 PHASE2_GROUPED_PIPELINED = "grouped_pipelined"  # both
 PHASE2_RULES = (PHASE2_PER_TENSOR, PHASE2_PIPELINED, PHASE2_GROUPED, PHASE2_GROUPED_PIPELINED)
 #: Windows in flight at once under each pipelined rule.
@@ -230,8 +230,8 @@ def plan(profile: Profile, cost: CostModel, partition_bytes: int, *, cycle_s: fl
     left after backward are windowed, recorded in ``Plan.phase2_group`` / ``Plan.phase2_depth``:
     ``"per_tensor"`` (spec §4: one window per tensor, each released when the previous completed),
     ``"pipelined"`` (one window per tensor, the next released while one is still in flight),
-    ``"grouped"`` (consecutive tensors share one window until the window's forward time covers a
-    startup plus a cycle, ``_phase2_layout``), ``"grouped_pipelined"`` (both).  The windows'
+    ``"grouped"`` (runs of consecutive tensors share one window, the runs chosen to minimise the
+    model timeline, ``_phase2_layout``), ``"grouped_pipelined"`` (both).  The windows'
     sizes (``windows[L-1+l]``) and the phase-1 windows of the greedy do not depend on it; the
     batched rule's choice of what to leave to phase 2 does (it minimises the timeline).
 
@@ -322,7 +322,7 @@ def plan(profile: Profile, cost: CostModel, partition_bytes: int, *, cycle_s: fl
         stack.append(l)
     for l in range(L):
         windows[L - 1 + l] = pending[l]
-    group, depth = _phase2_layout(profile, cost, pending, phase2, cycle_s)
+    group, depth = _phase2_layout(profile, cost, shape, pending, phase2, cycle_s, tau)
 
     return Plan(
         partition_bytes=partition_bytes,
@@ -395,8 +395,8 @@ def _batched(profile: Profile, cost: CostModel, partition_bytes: int, shape: _Sh
 
     if not overlap_forward:
         windows, pending = windows_for(0, prev[0])
-        group, depth = _phase2_layout(profile, cost, pending, phase2, c)
         link_free = float(E[prev[0]]) if prev[0] < L else r[0]
+        group, depth = _phase2_layout(profile, cost, shape, pending, phase2, c, link_free)
         link_free = max(link_free, r[0])
         predicted = max(float(E[0]), r[0]) + sum(profile.t_u) + profile.forward_time
     else:
@@ -405,7 +405,7 @@ def _batched(profile: Profile, cost: CostModel, partition_bytes: int, shape: _Sh
         for k in range(L, 0, -1):
             free = max(float(E[k]), r[0]) if k < L else r[0]
             pend = [m[l] if l < k else 0 for l in range(L)]
-            grp, dep = _phase2_layout(profile, cost, pend, phase2, c)
+            grp, dep = _phase2_layout(profile, cost, shape, pend, phase2, c, free)
             t = _phase2_timeline(profile, cost, shape, pend, free, c, True, grp, dep)
             if t < best_time:
                 best_k, best_time, link_free, group, depth = k, t, free, grp, dep
@@ -425,34 +425,66 @@ def _batched(profile: Profile, cost: CostModel, partition_bytes: int, shape: _Sh
     )
 
 
-def _phase2_layout(profile: Profile, cost: CostModel, pending: Sequence[int], phase2: str,
-                   cycle_s: float) -> tuple[tuple[int, ...], int]:
+def _phase2_layout(profile: Profile, cost: CostModel, shape: _Shape, pending: Sequence[int],
+                   phase2: str, cycle_s: float, link_free: float) -> tuple[tuple[int, ...], int]:
     """``(Plan.phase2_group, Plan.phase2_depth)`` for the ``phase2`` rule (see :func:`plan`).
 
-    Grouping (``"grouped"``, ``"grouped_pipelined"``): walk the tensors with blocks left in
-    forward order; tensor ``l`` opens a new window when the forward time of the current window's
-    layers (from its first tensor up to ``l - 1``, tensors without blocks left included) is at
-    least ``a`` plus, without pipelining, ``cycle_s``.  By the model a separate window for ``l``
-    costs one more startup (and, behind a barrier, one more cycle) on the link; it gains only if
-    the forward of the layers before ``l`` can run in that time, so shorter runs of layers
-    (BatchNorm and bias vectors, LayerNorms) ride with their neighbours.
+    Grouping (``"grouped"``, ``"grouped_pipelined"``) is the exact optimum of the
+    ``_phase2_timeline`` model over ways to cut the tensors with blocks left, in forward order,
+    into runs of consecutive tensors.  Window ``g`` (the ``g``-th run, from its first tensor
+    ``s_g``) completes at ``c_g = c_0' + g * alpha + b * (bytes of runs 0..g)`` with ``alpha =
+    a`` when the windows run back to back (pipelined behind a busy link) and ``a + cycle_s``
+    otherwise; the next forward ends at ``max_g (c_g + max over its tensors of t_u(l) + forward
+    of layers l..L-1)``.  Counting windows from the END makes the startup count additive, so a
+    reverse dynamic programme is exact::
+
+        G[i] = min over e > i of max(alpha + b * B[e] + h(i, e), alpha + G[e]),   G[n] = -inf
+
+    (``B[e]`` bytes of the first ``e`` pending tensors, ``h(i, e)`` the largest ``t_u + forward
+    tail`` among pending tensors ``i..e-1``); O(n^2) vectorised.  Ties keep the longer run.
+    A run therefore grows while the link, not the forward, decides when its layers can start:
+    small tensors (BatchNorm and bias vectors, LayerNorms) ride with their neighbours.
     """
+    import numpy as np
+
     depth = PIPELINE_DEPTH if phase2 in (PHASE2_PIPELINED, PHASE2_GROUPED_PIPELINED) else 1
     if phase2 in (PHASE2_PER_TENSOR, PHASE2_PIPELINED):
         return (), depth
-    threshold = cost.a + (cycle_s if depth == 1 else 0.0)
+    L = len(pending)
+    idx = [l for l, p in enumerate(pending) if p]
+    if not idx:
+        return (0,) * L, depth
+    r0 = profile.ready_times()[0]
+    primed = depth > 1 and link_free > r0 + cycle_s
+    alpha = cost.a + (0.0 if primed else cycle_s)
+    t_u = profile.t_u or (0.0,) * L
+    tail = [0.0] * (L + 1)                     # forward time of layers l..L-1
+    for l in range(L - 1, -1, -1):
+        tail[l] = tail[l + 1] + profile.t_f[l]
+    left = np.array([(pending[l] - 1) * shape.full_bytes[l] + shape.last_bytes[l] for l in idx],
+                    dtype=float)
+    B = cost.b * np.cumsum(left)               # transfer seconds of pending tensors 0..j
+    H = np.array([t_u[l] + tail[l] for l in idx])
+    n = len(idx)
+    G = np.full(n + 1, -math.inf)
+    nxt = [n] * (n + 1)
+    for i in range(n - 1, -1, -1):
+        h = np.maximum.accumulate(H[i:n])      # h(i, e) for e = i+1..n
+        cand = np.maximum(alpha + B[i:n] + h, alpha + G[i + 1:n + 1])
+        j = len(cand) - 1 - int(np.argmin(cand[::-1]))  # ties: the longest run
+        G[i] = cand[j]
+        nxt[i] = i + 1 + j
+    starts = set()
+    i = 0
+    while i < n:
+        starts.add(idx[i])
+        i = nxt[i]
     group = []
-    g = 0
-    covered = 0.0          # forward seconds of the open window's layers so far
-    opened = False
-    for l, p in enumerate(pending):
-        if p and opened and covered >= threshold:
+    g = -1
+    for l in range(L):
+        if l in starts:
             g += 1
-            covered = 0.0
-        group.append(g)
-        opened = opened or bool(p)
-        if opened:
-            covered += profile.t_f[l]
+        group.append(max(g, 0))
     return tuple(group), depth
 
 

@@ -423,3 +423,60 @@ def test_batched_plan_is_no_worse_in_its_model_than_sending_every_gradient_when_
     left = result.phase2_windows
     k = sum(1 for w in left if w)
     assert left == result.blocks_per_tensor[:k] + (0,) * (result.num_tensors - k)
+
+
+# ---- phase-2 rules under overlap ---------------------------------------------------------------
+
+def test_grouping_sends_small_tensors_with_their_neighbours_when_the_link_decides() -> None:
+    # Nothing fits in phase 1 (gradients all ready at once); four tensors left for phase 2, the
+    # first three tiny with forward times far shorter than a startup: one window per tensor
+    # would spend three extra startups before the big one that gates the rest of the forward.
+    p = profile([4, 4, 4, 2560], [0.0, 0.0, 0.0, 0.0], [0.001, 0.001, 0.001, 0.001])
+    spec = plan(p, COST, S_P)
+    grouped = plan(p, COST, S_P, phase2="grouped")
+    assert grouped.windows == spec.windows                       # same blocks in phase 2
+    assert len({grouped.phase2_window_of(l) for l in range(4)}) < 4
+    assert grouped.predicted_iteration < spec.predicted_iteration
+    assert (grouped.phase2, grouped.phase2_depth) == ("grouped", 1)
+
+
+def test_pipelined_rules_allow_two_windows_in_flight_and_keep_the_windows() -> None:
+    p = profile([512, 512, 512], [1.0, 1.0, 1.0], [1.0, 1.0, 1.0])
+    spec = plan(p, COST, S_P)
+    for rule in ("pipelined", "grouped_pipelined"):
+        q = plan(p, COST, S_P, phase2=rule)
+        assert q.windows == spec.windows and q.phase2_depth == 2 and q.phase2 == rule
+    assert plan(p, COST, S_P, phase2="pipelined").phase2_group == ()
+
+
+@pytest.mark.parametrize("group, depth", [((1, 1), 1), ((0, 2), 1), ((0, 1, 0), 1), ((0,), 1),
+                                          ((0, 1), 0), ((0, 1), True)])
+def test_plan_refuses_a_phase_two_layout_that_is_not_consecutive_windows(group, depth) -> None:
+    with pytest.raises(ValueError):
+        Plan(partition_bytes=4, windows=(0, 1, 1), blocks_per_tensor=(1, 1), phase2_group=group,
+             phase2_depth=depth)
+
+
+def test_unknown_phase_two_rule_is_rejected() -> None:
+    with pytest.raises(ValueError, match="phase2"):
+        plan(profile([4], [1.0]), COST, S_P, phase2="fifo")
+
+
+@settings(max_examples=150, deadline=None)
+@given(random_cases(), st.sampled_from(["greedy", "batched"]),
+       st.sampled_from(["pipelined", "grouped", "grouped_pipelined"]), st.sampled_from([0.0, 1e-3]))
+def test_phase_two_rules_keep_the_invariants_and_the_greedy_keeps_its_windows(
+        case: tuple[Profile, CostModel, int], phase1: str, phase2: str, cycle: float) -> None:
+    prof, cost, S_p = case
+    q = plan(prof, cost, S_p, phase1=phase1, phase2=phase2, cycle_s=cycle)
+    L = prof.num_tensors
+    groups = [q.phase2_window_of(l) for l in range(L)]
+    assert groups[0] == 0 and all(b - a in (0, 1) for a, b in zip(groups, groups[1:]))
+    assert q.phase2_depth == (2 if phase2.endswith("pipelined") else 1)
+    if phase1 == "greedy":
+        assert q.windows == plan(prof, cost, S_p, cycle_s=cycle).windows
+    # Grouping is the model optimum over cuts, so it never predicts worse than one per tensor.
+    if phase2 == "grouped":
+        base = plan(prof, cost, S_p, phase1=phase1, cycle_s=cycle)
+        if phase1 == "greedy":
+            assert q.predicted_iteration <= base.predicted_iteration * (1 + 1e-9) + 1e-12

@@ -341,3 +341,102 @@ def test_from_profile_plans_with_the_options_and_spends_in_the_given_mode(
     assert policy.overlap_forward is True
     assert policy.plan == plan(prof, cost, plan_.partition_bytes, overlap_forward=True,
                                phase1="batched")
+
+
+# --- phase-2 options under overlap: windows of several tensors, pipelining -----------------------
+
+def test_grouped_phase_two_releases_consecutive_tensors_of_one_window_together() -> None:
+    # Tensors 0 and 1 share window 0, tensor 2 is window 1; depth 1 (barrier between windows).
+    p = Plan(partition_bytes=4, windows=(0, 0, 1, 2, 1), blocks_per_tensor=(1, 2, 1),
+             phase2="grouped", phase2_group=(0, 0, 1))
+    policy = DCredit(p, overlap_forward=True)
+    driver = Driver(policy, layouts_for([1, 2, 1]))
+    driver.start()
+    for j in (2, 1, 0):
+        driver.ready(j)
+    driver.backward_end()
+    assert driver.keys() == [(0, 0), (1, 0), (1, 1)]       # one window, three blocks
+    for _ in range(2):
+        driver.complete(driver.inflight[0])
+    assert len(driver.released) == 3                       # tensor 2 waits for the window
+    driver.complete(driver.inflight[0])
+    assert driver.keys()[3:] == [(2, 0)]
+
+
+def test_pipelined_phase_two_opens_the_next_window_on_a_completion_while_one_is_in_flight() -> None:
+    # Phase 1 sends tensor 3; phase 2 is one window per tensor (0, 1, 2), depth 2.
+    p = Plan(partition_bytes=4, windows=(1, 0, 0, 1, 1, 1, 0), blocks_per_tensor=(1, 1, 1, 1),
+             phase2="pipelined", phase2_depth=2)
+    policy = DCredit(p, overlap_forward=True)
+    driver = Driver(policy, layouts_for([1, 1, 1, 1]))
+    driver.start()
+    for j in (3, 2, 1, 0):
+        driver.ready(j)
+    assert driver.keys() == [(3, 0)]
+    driver.backward_end()
+    # Window 0 opens; window 1 does not go out in the same breath (it would be fused with 0).
+    assert driver.keys() == [(3, 0), (0, 0)]
+    driver.complete(driver.released[0])                    # the phase-1 block completes
+    assert driver.keys() == [(3, 0), (0, 0), (1, 0)]       # window 1 joins window 0 in flight
+    assert policy.phase2_windows_in_flight == 2
+    driver.complete(driver.released[2])                    # window 1 done, window 0 still in flight
+    assert driver.keys()[3:] == [(2, 0)]
+    assert policy.phase2_windows_in_flight == 2
+
+
+def test_spec_phase_two_is_the_default_of_a_plan_and_of_the_planner() -> None:
+    p = Plan(partition_bytes=4, windows=(0, 1, 1), blocks_per_tensor=(1, 1))
+    assert (p.phase2, p.phase2_group, p.phase2_depth) == ("per_tensor", (), 1)
+    prof = Profile.from_lists(["a", "b"], [4, 4], [4, 4], [0.1, 0.1], [0.1, 0.1])
+    q = plan(prof, CostModel(0.01, 0.001), 4)
+    assert (q.phase2, q.phase2_group, q.phase2_depth) == ("per_tensor", (), 1)
+    assert "per-tensor windows" in DCredit(q, overlap_forward=True).describe()
+
+
+@st.composite
+def planned_jobs_any_phase2(draw: st.DrawFn) -> tuple[Plan, list[TensorLayout]]:
+    L = draw(st.integers(1, 10))
+    numels = [draw(st.integers(0, 30)) for _ in range(L)]
+    S_p = draw(st.sampled_from([4, 8, 20, 64]))
+    times = st.floats(0, 0.01)
+    prof = Profile.from_lists([f"t{l}" for l in range(L)], [4 * n for n in numels], [4] * L,
+                              [draw(times) for _ in range(L)], [draw(times) for _ in range(L)])
+    cost = CostModel(draw(st.floats(0, 1e-3)), draw(st.floats(0, 1e-4)))
+    result = plan(prof, cost, S_p, phase1=draw(st.sampled_from(["greedy", "batched"])),
+                  phase2=draw(st.sampled_from(["per_tensor", "pipelined", "grouped",
+                                               "grouped_pipelined"])),
+                  cycle_s=draw(st.sampled_from([0.0, 1e-3])))
+    return result, build_layout(prof.names, numels, prof.element_size, S_p)
+
+
+@settings(max_examples=150, deadline=None)
+@given(planned_jobs_any_phase2(), st.randoms(use_true_random=False))
+def test_every_phase_two_rule_releases_each_block_once_never_exceeds_its_depth_and_never_deadlocks(
+        job: tuple[Plan, list[TensorLayout]], rng: random.Random) -> None:
+    plan_, layouts = job
+    L = plan_.num_tensors
+    policy = DCredit(plan_, overlap_forward=True)
+    driver = Driver(policy, layouts)
+    all_keys = sorted(b.key for t in layouts for b in t.blocks)
+    for _ in range(2):
+        driver.start()
+        order = list(range(L - 1, -1, -1))
+        for _ in range(rng.randint(0, L)):
+            i, j = rng.randrange(L), rng.randrange(L)
+            order[i], order[j] = order[j], order[i]
+        for t in order:
+            if driver.inflight and rng.random() < 0.4:
+                driver.complete(rng.choice(driver.inflight))
+            driver.ready(t)
+        phase1 = set(driver.released)
+        driver.backward_end()
+        while driver.queue or driver.inflight:
+            assert driver.inflight, "deadlock: blocks queued, nothing in flight, admit refuses"
+            windows = {plan_.phase2_window_of(b.tensor) for b in driver.inflight if b not in phase1}
+            assert len(windows) <= plan_.phase2_depth
+            assert policy.phase2_windows_in_flight == len(windows)
+            driver.complete(rng.choice(driver.inflight))
+        assert sorted(driver.keys()) == all_keys
+        # Releases are a prefix of the priority order within phase 2 (the driver's queue).
+        phase2 = [b.key for b in driver.released if b not in phase1]
+        assert phase2 == sorted(phase2)

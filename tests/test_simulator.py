@@ -454,3 +454,24 @@ def test_period_is_finite_for_zero_compute_and_zero_bytes():
     for name in sim.POLICY_NAMES:
         r = sim.simulate(p, COST, name)
         assert math.isfinite(r.iteration_s) and r.iteration_s >= sim.lower_bound(p, COST)
+
+
+def test_best_dcredit_with_overlap_crosses_phase_two_rules_and_the_plan_carries_the_winner():
+    p = zoo.profile("resnet50", 8, 5e12, 4)
+    cost = sim.link_cost(10e9, 50e-6, 16)
+    r = sim.best_dcredit(p, cost, candidates=(1 << 22,), overlap_forward=True)
+    labels = {label for label, _, _ in r.search_all}
+    assert any(label.endswith("+ grouped_pipelined") for label in labels)
+    assert "greedy/one_block" in labels                 # the spec rule is still tried
+    assert min(t for _, _, t in r.search_all) == r.iteration_s
+    # What the runtime does with the result: DCredit(plan, overlap_forward=True) alone.
+    again = sim.simulate(p, cost, DCredit(r.plan, overlap_forward=True), overlap_forward=True)
+    assert again.iteration_s == pytest.approx(r.iteration_s)
+
+
+def test_best_dcredit_without_overlap_tries_no_phase_two_rules():
+    p = zoo.profile("resnet50", 8, 5e12, 4)
+    cost = sim.link_cost(10e9, 50e-6, 16)
+    r = sim.best_dcredit(p, cost, candidates=(1 << 22,), overlap_forward=False)
+    assert all("+" not in label for label, _, _ in r.search_all)
+    assert r.plan.phase2 == "per_tensor"

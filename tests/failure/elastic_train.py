@@ -1,0 +1,73 @@
+"""Elastic training with ``hvd.elastic.TorchState(model, dcredit optimizer)``; launched by
+``tests/test_failures.py`` under ``horovodrun --gloo`` with a host discovery script that lists two
+local "hosts" (``localhost`` and ``127.0.0.1``, one slot each).
+
+The worker on ``127.0.0.1`` kills itself (SIGKILL) once, at batch ``KILL_AT``; Horovod blacklists
+that host for a short cool-down, the survivor restores the last commit and goes on alone, then a
+new worker joins and receives the state.  At the end the ranks compare their parameters: every
+rank prints ``ELASTIC RESULT`` with the number of resets it saw, the world size and whether its
+parameters equal rank 0's bit for bit.
+"""
+import os
+import signal
+import sys
+import time
+
+import horovod.torch as hvd
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import dcredit_hvd
+
+TOTAL = int(os.environ.get("ELASTIC_TOTAL", "60"))
+KILL_AT = int(os.environ.get("ELASTIC_KILL_AT", "15"))
+MARKER = os.path.join(os.environ["FAILURE_PID_DIR"], "killed-once")
+
+hvd.init()
+torch.set_num_threads(1)
+with open(os.path.join(os.environ["FAILURE_PID_DIR"], f"pid{os.getpid()}.pid"), "w") as fh:
+    fh.write(str(os.getpid()))
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+opt = dcredit_hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                       named_parameters=model.named_parameters(), model=model,
+                                       policy="bytescheduler", partition_bytes=256)
+state = hvd.elastic.TorchState(model, opt, batch=0, resets=0)
+
+
+def on_reset():
+    state.resets += 1
+    print(f"worker {os.getpid()}: reset, size now {hvd.size()}", flush=True)
+
+
+state.register_reset_callbacks([on_reset])
+
+
+@hvd.elastic.run
+def train(state):
+    while state.batch < TOTAL:
+        gen = torch.Generator().manual_seed(state.batch * 100 + hvd.rank())
+        x, y = torch.randn(8, 16, generator=gen), torch.randint(0, 4, (8,), generator=gen)
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        state.batch += 1
+        if state.batch % 5 == 0:
+            state.commit()
+        if (state.batch == KILL_AT and os.environ.get("HOROVOD_HOSTNAME") == "127.0.0.1"
+                and not os.path.exists(MARKER)):
+            open(MARKER, "w").close()
+            print(f"worker {os.getpid()}: killing myself at batch {state.batch}", flush=True)
+            sys.stdout.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(0.05)       # leaves time for the replacement to join before the end
+
+
+train(state)
+flat = torch.cat([p.detach().reshape(-1) for p in model.state_dict().values()])
+everyone = hvd.allgather_object(flat)
+same = all(torch.equal(t, everyone[0]) for t in everyone)
+print(f"ELASTIC RESULT rank={hvd.rank()} size={hvd.size()} batch={state.batch} "
+      f"resets={state.resets} identical={same}", flush=True)

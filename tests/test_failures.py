@@ -1,0 +1,143 @@
+"""A peer that dies mid-training ends the whole job promptly; elastic training survives it.
+
+Single-process pytest that launches ``mpirun -np 2`` / ``horovodrun -np 2 --gloo`` itself on the
+scripts in ``tests/failure/``.  Each launch runs in its own process group and is killed on timeout,
+so a regression shows as a failed test, never as a hung CI job.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent / "failure"
+BIN = Path(sys.executable).parent
+#: Every surviving rank must be gone this long after its peer failed (the issue's limit).
+PEER_FAILURE_LIMIT_S = 60.0
+#: Hard limit on any launch: start-up on a loaded 2-core machine included.
+LAUNCH_TIMEOUT_S = 240.0
+#: What the survivor's runtime (or the launcher on its behalf) prints when a peer failed.
+PEER_FAILED = (
+    "Horovod has been shut down",                        # Horovod, re-raised by dcredit_hvd
+    "exited on signal",                                  # mpirun: a rank was killed
+    "exited with non-zero status",                       # mpirun / horovodrun: a rank failed
+    "one or more processes exited with non-zero",
+)
+
+MPIRUN = [str(BIN / "mpirun") if (BIN / "mpirun").exists() else "mpirun", "-np", "2",
+          "--oversubscribe", "--bind-to", "none", "--map-by", "slot",
+          "--mca", "btl", "self,vader,tcp"]
+HVDRUN = [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo"]
+LAUNCHERS = {"mpi": MPIRUN, "gloo": HVDRUN}
+
+
+def _env(pid_dir: Path) -> dict:
+    env = dict(os.environ)
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               FAILURE_PID_DIR=str(pid_dir), PYTHONUNBUFFERED="1", DCREDIT_LOG_LEVEL="WARNING",
+               PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(HERE.parent.parent),
+                                                         env.get("PYTHONPATH")])))
+    return env
+
+
+def _launch(command: list[str], pid_dir: Path, timeout: float = LAUNCH_TIMEOUT_S):
+    """Run ``command`` in its own session; kill the whole group on timeout.  Returns
+    ``(returncode or None on timeout, output, seconds, end time)``."""
+    started = time.time()
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env=_env(pid_dir), start_new_session=True, text=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+        code = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        code = None
+    finally:
+        _kill_leftovers(pid_dir)
+    return code, output, time.time() - started, time.time()
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie left to a non-reaping init does not count: it holds no resources)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return fields[0] not in ("Z", "X")
+
+
+def _rank_pids(pid_dir: Path) -> list[int]:
+    return [int(f.read_text()) for f in pid_dir.glob("*.pid") if f.read_text().strip()]
+
+
+def _leftovers(pid_dir: Path, grace: float = 10.0) -> list[int]:
+    deadline = time.time() + grace
+    while True:
+        alive = [pid for pid in _rank_pids(pid_dir) if _alive(pid)]
+        if not alive or time.time() > deadline:
+            return alive
+        time.sleep(0.2)
+
+
+def _kill_leftovers(pid_dir: Path) -> None:
+    """Leave nothing behind even when the test fails: the pids were recorded by the scripts."""
+    alive = _leftovers(pid_dir, grace=5.0)
+    for pid in alive:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    pid_dir.joinpath("leftovers").write_text(" ".join(map(str, alive)))
+
+
+def _needs(launcher: str) -> None:
+    tool = "mpirun" if launcher == "mpi" else str(BIN / "horovodrun")
+    if shutil.which(tool) is None:
+        pytest.skip(f"{tool} not installed")
+
+
+@pytest.mark.parametrize("launcher,mode", [("mpi", "raise"), ("mpi", "kill"), ("gloo", "kill")])
+def test_a_failed_peer_ends_every_rank_promptly_with_a_message(tmp_path, launcher, mode):
+    _needs(launcher)
+    code, output, seconds, ended = _launch(
+        LAUNCHERS[launcher] + [sys.executable, str(HERE / "peer_failure.py"), mode], tmp_path)
+    tail = output[-4000:]
+    assert code is not None, f"the job hung for {LAUNCH_TIMEOUT_S:.0f} s after its peer failed:\n{tail}"
+    assert code != 0, f"a job whose rank failed exited 0:\n{tail}"
+    failed_at = tmp_path / "failed_at"
+    assert failed_at.exists(), f"rank 1 never reached the failure point:\n{tail}"
+    after = ended - float(failed_at.read_text())
+    assert after < PEER_FAILURE_LIMIT_S, f"the survivor took {after:.0f} s to exit:\n{tail}"
+    assert "still training" not in output, tail
+    assert any(text in output for text in PEER_FAILED), f"no message says a peer failed:\n{tail}"
+    left = (tmp_path / "leftovers").read_text()
+    assert not left, f"processes left behind: {left}"
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "runtime gap: the survivor's completion thread stores Horovod's HorovodInternalError and "
+    "re-raises it as SchedulerError (a RuntimeError), which hvd.elastic.run does not catch, so the "
+    "survivor exits 1 instead of restoring; the stored error is also never cleared, so restore() "
+    "(load_state_dict -> wait_all) would raise it again"))
+def test_elastic_torch_state_survives_a_killed_worker(tmp_path):
+    _needs("gloo")
+    command = [str(BIN / "horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "2",
+               "--host-discovery-script", str(HERE / "discover_hosts.sh"),
+               "--blacklist-cooldown-range", "2", "4", "--gloo",
+               sys.executable, str(HERE / "elastic_train.py")]
+    code, output, seconds, _ = _launch(command, tmp_path)
+    tail = output[-6000:]
+    assert code == 0, f"elastic job exited {code} after {seconds:.0f} s:\n{tail}"
+    assert (tmp_path / "killed-once").exists(), f"the worker was never killed:\n{tail}"
+    results = [line for line in output.splitlines() if "ELASTIC RESULT" in line]
+    assert len(results) == 2, f"expected 2 ranks at the end:\n{tail}"
+    assert all("identical=True" in r and "size=2" in r for r in results), "\n".join(results)
+    assert any("resets=0" not in r for r in results), f"no rank saw a reset:\n{tail}"
