@@ -135,6 +135,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._requires_update = [p for group in self.param_groups for p in group["params"]
                                  if p.requires_grad]
         self._allreduce_delay = {p: backward_passes_per_step for p in self._requires_update}
+        if model is not None:
+            mine = set(self._requires_update)
+            if mine and not any(p in mine for p in model.parameters()):
+                raise ValueError(
+                    f"model= was given a {type(model).__name__} none of whose parameters are "
+                    "updated by this optimizer: pass the model whose parameters the optimizer "
+                    "updates (the one named_parameters comes from), or leave model= out")
         self._pending: set = set()      # fired at least once since the last synchronize
         self._queued: set = set()       # blocks handed to the scheduler this iteration
         self._synchronized = False

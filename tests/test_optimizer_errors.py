@@ -87,3 +87,11 @@ def test_single_process_passes_straight_through_and_keeps_the_class():
     wrapped.step()
     wrapped.zero_grad(set_to_none=True)
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_a_model_whose_parameters_the_optimizer_does_not_update_is_rejected():
+    model, opt = model_and_opt()
+    other = torch.nn.Linear(3, 3)
+    with pytest.raises(ValueError, match="none of whose parameters are updated by this optimizer"):
+        dcredit_hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                         model=other)
