@@ -344,7 +344,7 @@ def cases(draw):
                            [esize] * L, t_f, t_b, t_u)
     cost = CostModel(a=draw(st.floats(0.0, 2e-3)), b=draw(st.floats(0.0, 2e-8)))
     options = {
-        "partition_bytes": draw(st.integers(1, 1 << 20)),
+        "partition_bytes": draw(st.integers(1 << 12, 1 << 20)),
         "credit_bytes": draw(st.integers(1, 1 << 21)),
         "overlap_forward": draw(st.booleans()),
         "cycle_s": draw(st.sampled_from([0.0, 1e-3, 2.5e-3])),
