@@ -226,7 +226,10 @@ def simulator_check(results: dict[str, Any], optimizers: dict[str, Any],
     from dcredit_hvd import simulator
     from dcredit_hvd.policies import DCredit
 
-    measured = next((o.measured for o in optimizers.values()
+    # Prefer a profile measured with model= (it has per-layer forward times; without the model
+    # the profiler cannot see the forward pass).
+    candidates = sorted(optimizers.items(), key=lambda item: item[0].endswith("-sync"))
+    measured = next((o.measured for _, o in candidates
                      if getattr(o, "measured", None) is not None), None)
     if measured is None:
         return {}

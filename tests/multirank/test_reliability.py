@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import importlib.util
+import sys
 import threading
 import time
 from pathlib import Path
@@ -228,13 +229,10 @@ def construction_error(**kwargs) -> str:
     return ""
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "runtime gap: model= whose parameters are not the optimizer's is accepted silently (no "
-    "forward waits at all, so the next forward can read stale parameters)"))
 def test_a_model_whose_parameters_are_not_the_optimizers_is_rejected():
     message = construction_error()
-    assert_all_ranks("model" in message and "parameters" in message,
-                     f"no error naming the mismatch: {message!r}")
+    assert_all_ranks("model= was given a Sequential none of whose parameters are updated by this "
+                     "optimizer" in message, f"no error naming the mismatch: {message!r}")
 
 
 @pytest.mark.xfail(strict=True, reason=(
@@ -275,13 +273,14 @@ def test_bad_options_fail_on_every_rank_before_any_collective(kwargs, expected):
 def load_soak():
     spec = importlib.util.spec_from_file_location("dcredit_soak", ROOT / "scripts" / "soak.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module          # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
 
 def test_short_soak_keeps_memory_handles_and_names_flat():
     soak = load_soak()
-    report = soak.run_soak(steps=160, warmup=60, policy="dcredit", prefix="rel.soak")
+    report = soak.run_soak(steps=90, warmup=30, policy="dcredit", prefix="rel.soak")
     # A short run measures less memory noise than the 2,000-step one: same 5% limit.
     problems = report.failures()
     assert_all_ranks(not problems, f"{problems}; {report}")
