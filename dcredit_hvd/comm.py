@@ -16,6 +16,8 @@ import torch
 #: The reduction ops, re-exported so no other module needs Horovod for them.
 AVERAGE = hvd.Average
 SUM = hvd.Sum
+#: Horovod's error for a failed collective (a peer died, Horovod shut down); elastic recovers it.
+HorovodInternalError = hvd.HorovodInternalError
 
 
 def rank() -> int:

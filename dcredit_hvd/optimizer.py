@@ -177,7 +177,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             gate_policy, submit=self._submit_item, poll=comm.poll, collect=comm.collect,
             poll_seconds=config.poll_seconds, stall_seconds=config.stall_seconds,
             stall_abort_seconds=config.stall_abort_seconds,
-            timeline=timeline.from_env(comm.rank()))
+            timeline=timeline.from_env(comm.rank()),
+            passthrough=(comm.HorovodInternalError,))
         self._timeline = self._scheduler.timeline
         self._last_ready = None             # for the backward track of the timeline
         self._updater = ParameterUpdater(self, self._dcredit_base, self._scheduler.check)
@@ -281,6 +282,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     module.register_forward_hook(self._make_layer_end_hook(params)))
         # Parameters no module of the model owns are waited for before the model's forward.
         orphans = [p for p in self._requires_update if p not in hooked]
+        if orphans:
+            warnings.warn(
+                "dcredit_hvd: these optimizer parameters belong to no module of model=: "
+                f"{', '.join(self._parameter_names[p] for p in orphans)}. Their updates are "
+                "waited for before model's forward; a use before that (or outside the model) "
+                "must call opt.apply_pending_updates() first.", stacklevel=3)
         self._hook_handles += [
             model.register_forward_pre_hook(self._make_wait_hook(orphans)),
             model.register_forward_hook(self._model_forward_end),
@@ -574,10 +581,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Restore optimizer state; anything still in flight is drained first, then all
         scheduler state is reset (elastic ``restore()`` relies on this)."""
         if self._enabled:
-            self.apply_pending_updates()
-            if self._scheduler.iteration_open:
-                self._scheduler.end_backward()
-                self._scheduler.wait_all()
+            try:
+                self.apply_pending_updates()
+                if self._scheduler.iteration_open:
+                    self._scheduler.end_backward()
+                    self._scheduler.wait_all()
+            except comm.HorovodInternalError:
+                # Elastic restore() after a failed collective: Horovod has been re-initialised
+                # and the blocks in flight are gone; start the next iteration from scratch.
+                self._scheduler.reset()
+                self._step_in_flight = False
             self._updater.reset()
             self._pending.clear()
             self._queued.clear()

@@ -46,6 +46,10 @@ class Item:
     ready_at: float = field(compare=False, default=0.0)
 
 
+#: Seconds the completion thread waits with nothing in flight before it ends.
+IDLE_EXIT_SECONDS = 2.0
+
+
 class SchedulerError(RuntimeError):
     """An error raised in the completion thread, re-raised in the training thread."""
 
@@ -64,7 +68,8 @@ class BlockScheduler:
     def __init__(self, policy: Policy, *, submit: Callable[[Item], int],
                  poll: Callable[[int], bool], collect: Callable[[int], torch.Tensor],
                  poll_seconds: float = 0.0005, stall_seconds: float = 60.0,
-                 stall_abort_seconds: float = 0.0, timeline: Any = None) -> None:
+                 stall_abort_seconds: float = 0.0, timeline: Any = None,
+                 passthrough: tuple[type[BaseException], ...] = ()) -> None:
         self.policy = policy
         self._submit = submit
         self._poll = poll
@@ -73,6 +78,9 @@ class BlockScheduler:
         self._stall_seconds = stall_seconds
         self._stall_abort_seconds = stall_abort_seconds
         self.timeline = timeline               # timeline.Timeline or None (DCREDIT_TIMELINE)
+        #: Errors re-raised as they are (Horovod's HorovodInternalError, which hvd.elastic.run
+        #: recovers from) rather than wrapped in SchedulerError.
+        self._passthrough = passthrough
         self._cond = threading.Condition(threading.Lock())
         self._queue: list[Item] = []
         self._inflight: list[Item] = []
@@ -204,7 +212,11 @@ class BlockScheduler:
             while True:
                 with self._cond:
                     while not self._inflight and not self._closed:
-                        self._cond.wait()
+                        # Idle: end the thread (the next release starts another), so an
+                        # optimizer that is no longer used leaves no thread behind.
+                        if not self._cond.wait(timeout=IDLE_EXIT_SECONDS) and not self._inflight:
+                            self._thread = None
+                            return
                     if self._closed:
                         return
                     inflight = list(self._inflight)
@@ -243,9 +255,22 @@ class BlockScheduler:
             self._error = exc
         self._cond.notify_all()
 
+    def reset(self) -> None:
+        """Forget everything in flight or queued and any stored error (elastic ``restore()``
+        after Horovod was re-initialised: the old handles are invalid)."""
+        with self._cond:
+            self._queue.clear()
+            self._inflight.clear()
+            self._outstanding = 0
+            self._error = None
+            self._iteration_open = False
+            self._cond.notify_all()
+
     def _raise_if_failed(self) -> None:
         if self._error is not None:
             exc = self._error
+            if isinstance(exc, self._passthrough):
+                raise type(exc)(f"dcredit_hvd: the communication thread failed: {exc}") from exc
             raise SchedulerError(f"dcredit_hvd: the communication thread failed: "
                                  f"{type(exc).__name__}: {exc}") from exc
 

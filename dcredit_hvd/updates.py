@@ -37,6 +37,7 @@ class ParameterUpdater:
         self._reduced: set = set()               # gradient reduced, step() not called yet
         self._stepping = False                   # step() called, updates still owed
         self._zero: Optional[tuple[tuple, dict]] = None   # deferred zero_grad(*args, **kwargs)
+        self._failed: Optional[BaseException] = None      # the user's optimizer raised
 
     # -- called by the optimizer ------------------------------------------------------------
     def reduced(self, p: torch.Tensor) -> None:
@@ -70,15 +71,19 @@ class ParameterUpdater:
         """Block until none of ``params`` owes an update (forward pre-hooks)."""
         params = list(params)
         with self._cond:
+            self._raise_if_failed()
             while any(p in self._owed for p in params):
                 self._cond.wait(timeout=0.05)
+                self._raise_if_failed()
                 self._check()
 
     def drain(self) -> None:
         """Block until every owed update is applied."""
         with self._cond:
+            self._raise_if_failed()
             while self._owed:
                 self._cond.wait(timeout=0.05)
+                self._raise_if_failed()
                 self._check()
             self._stepping = False
 
@@ -88,6 +93,7 @@ class ParameterUpdater:
             self._reduced.clear()
             self._stepping = False
             self._zero = None
+            self._failed = None
             self._cond.notify_all()
 
     @property
@@ -95,12 +101,24 @@ class ParameterUpdater:
         return len(self._owed)
 
     # -- internals (lock held) -----------------------------------------------------------------
+    def _raise_if_failed(self) -> None:
+        if self._failed is not None:
+            raise RuntimeError(f"dcredit_hvd: the optimizer's update failed: "
+                               f"{type(self._failed).__name__}: {self._failed}") from self._failed
+
     def _apply(self, params: list[torch.Tensor]) -> None:
         by_group: dict[int, list[torch.Tensor]] = {}
         for p in params:
             by_group.setdefault(self._group_of[p], []).append(p)
         shadow = self._shadow(sorted(by_group.items()))
-        self._base.step(shadow)
+        try:
+            self._base.step(shadow)
+        except BaseException as exc:
+            # Nothing owed can be applied any more: every waiter raises instead of hanging.
+            self._failed = exc
+            self._owed.clear()
+            self._cond.notify_all()
+            raise
         if self._zero is not None:
             args, kwargs = self._zero
             self._base.zero_grad(shadow, *args, **kwargs)

@@ -12,6 +12,7 @@ import importlib.util
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import horovod.torch as hvd
@@ -22,8 +23,7 @@ import torch.nn.functional as F
 from horovod.common.exceptions import HorovodInternalError
 
 import dcredit_hvd
-from dcredit_hvd import comm
-from dcredit_hvd.scheduler import SchedulerError
+from dcredit_hvd import comm, scheduler
 
 from conftest import assert_all_ranks
 
@@ -44,8 +44,9 @@ def wrap(opt, model, prefix, with_model=True, **kwargs):
         model=model if with_model else None, **kwargs)
 
 
-def one_step(model, opt, step):
-    """One iteration; returns the phase that raised ("zero_grad", "forward", ...) and the error."""
+def one_step(model, opt, step, pause=0.0):
+    """One iteration; returns the phase that raised ("zero_grad", "forward", ...) and the error.
+    ``pause``: seconds between backward and step (every block is reduced by then)."""
     gen = torch.Generator().manual_seed(step * 10 + hvd.rank())
     x, y = torch.randn(8, 16, generator=gen), torch.randint(0, 4, (8,), generator=gen)
     phase = "zero_grad"
@@ -55,6 +56,7 @@ def one_step(model, opt, step):
         loss = F.cross_entropy(model(x), y)
         phase = "backward"
         loss.backward()
+        time.sleep(pause)
         phase = "step"
         opt.step()
     except Exception as exc:  # noqa: BLE001 - the test inspects whatever surfaced
@@ -70,7 +72,7 @@ def chain_text(exc: BaseException) -> str:
     return " <- ".join(parts)
 
 
-def train_until_error(model, opt, steps=8, arm=None, arm_at=2):
+def train_until_error(model, opt, steps=8, arm=None, arm_at=2, pause=0.0):
     """Train; call ``arm()`` before iteration ``arm_at``; returns (phase, error, iteration,
     seconds from arming to the error)."""
     armed_at = None
@@ -78,7 +80,7 @@ def train_until_error(model, opt, steps=8, arm=None, arm_at=2):
         if step == arm_at and arm is not None:
             arm()
             armed_at = time.perf_counter()
-        phase, exc = one_step(model, opt, step)
+        phase, exc = one_step(model, opt, step, pause)
         if exc is not None:
             return phase, exc, step, time.perf_counter() - (armed_at or time.perf_counter())
     return None, None, steps, None
@@ -105,6 +107,7 @@ def forget(opt) -> None:
     """A test that broke an optimizer on purpose: make sure its exit handler has nothing to wait
     for, so a bug under test cannot hang the interpreter's exit."""
     opt._step_in_flight = False
+    opt._updater.reset()          # releases a reader stuck waiting for owed updates
     opt._scheduler.close()
 
 
@@ -123,60 +126,79 @@ class ArmedSGD(torch.optim.SGD):
         return super().step(closure)
 
 
-@pytest.mark.parametrize("with_model", [True, False], ids=["overlap", "sync"])
-def test_an_optimizer_exception_surfaces_in_the_training_thread(with_model):
+OPTIMIZER_ERROR_CASES = [
+    # (with model=, pause before step): overlap updates run in the completion thread as blocks
+    # arrive; after a pause every block is reduced and step() applies the updates itself.
+    pytest.param(True, 0.0, id="overlap-completion-thread"),
+    pytest.param(True, 0.3, id="overlap-at-step"),
+    pytest.param(False, 0.0, id="sync"),
+]
+
+
+@pytest.mark.parametrize("with_model,pause", OPTIMIZER_ERROR_CASES)
+def test_an_optimizer_exception_surfaces_in_the_training_thread(with_model, pause):
     model = net()
     base = ArmedSGD(model.parameters(), lr=0.1)
-    opt = wrap(base, model, f"rel.opterr.{with_model}", with_model=with_model)
+    opt = wrap(base, model, f"rel.opterr.{with_model}.{pause}", with_model=with_model)
     phase, exc, step, seconds = train_until_error(
-        model, opt, arm=lambda: opt.armed.update(on=True))
+        model, opt, arm=lambda: opt.armed.update(on=True), pause=pause)
     text = chain_text(exc) if exc is not None else ""
     assert_all_ranks(exc is not None, "training went on after the optimizer raised")
     assert_all_ranks("injected optimizer failure" in text, f"surfaced {text!r} at {phase}")
     assert_all_ranks(step <= 3, f"surfaced only at iteration {step} ({phase})")
     assert_all_ranks(seconds < SURFACE_LIMIT_S, f"surfaced after {seconds:.1f} s")
     # The broken optimizer must not hang its next reader either: it raises (or returns).
-    outcome, _ = call_with_limit(opt.state_dict, SURFACE_LIMIT_S)
+    outcome, _ = call_with_limit(opt.state_dict, 5.0)
     forget(opt)
     assert_all_ranks(outcome != "hung", "state_dict() hung after the optimizer raised")
 
 
-def collect_failing_at(n: int):
-    """``comm.collect`` that raises Horovod's error on its ``n``-th call on this rank."""
+def collect_failing_at(when: dict):
+    """``comm.collect`` that raises Horovod's error on its ``when["n"]``-th call on this rank.
+
+    ``n`` is set to the number of blocks of one iteration: the failing collect is then the last
+    block of the first iteration, which completed on both ranks, so both ranks have submitted
+    exactly the same names when they stop and no half-submitted all-reduce is left in Horovod
+    for the tests that follow (or for Horovod's shutdown) to trip over.
+    """
     calls = [0]
     real = comm.collect
 
     def collect(handle):
         calls[0] += 1
         output = real(handle)
-        if calls[0] == n:
+        if calls[0] == when["n"]:
             raise HorovodInternalError("injected Horovod failure")
         return output
     return collect
 
 
+def blocks_per_iteration(opt) -> int:
+    return sum(len(t.blocks) for t in opt.layouts)
+
+
 @pytest.mark.parametrize("with_model", [True, False], ids=["overlap", "sync"])
 def test_a_horovod_error_in_the_completion_thread_surfaces_at_the_next_call(monkeypatch, with_model):
-    monkeypatch.setattr(comm, "collect", collect_failing_at(12))
+    when = {"n": -1}
+    monkeypatch.setattr(comm, "collect", collect_failing_at(when))
     model = net()
     opt = wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, f"rel.hvderr.{with_model}",
                with_model=with_model)
+    when["n"] = blocks_per_iteration(opt)
     phase, exc, step, _ = train_until_error(model, opt)
     text = chain_text(exc) if exc is not None else ""
     forget(opt)
-    assert_all_ranks(isinstance(exc, SchedulerError), f"expected SchedulerError, got {text!r}")
+    assert_all_ranks(isinstance(exc, HorovodInternalError), f"expected HorovodInternalError, got {text!r}")
     assert_all_ranks("injected Horovod failure" in text and "HorovodInternalError" in text, text)
-    assert_all_ranks(step <= 4, f"surfaced only at iteration {step} ({phase})")
+    assert_all_ranks(step <= 2, f"surfaced only at iteration {step} ({phase})")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "runtime gap: a Horovod error from the completion thread is re-raised as SchedulerError, a "
-    "RuntimeError; hvd.elastic.run recovers only from HorovodInternalError, so elastic jobs die "
-    "instead of restoring (see tests/test_failures.py::test_elastic_*)"))
 def test_a_horovod_error_surfaces_as_horovod_internal_error_for_elastic(monkeypatch):
-    monkeypatch.setattr(comm, "collect", collect_failing_at(12))
+    when = {"n": -1}
+    monkeypatch.setattr(comm, "collect", collect_failing_at(when))
     model = net()
     opt = wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, "rel.elasticerr")
+    when["n"] = blocks_per_iteration(opt)
     _, exc, _, _ = train_until_error(model, opt)
     forget(opt)
     assert_all_ranks(isinstance(exc, HorovodInternalError), f"got {chain_text(exc)!r}")
@@ -197,10 +219,6 @@ def test_no_thread_keeps_the_process_alive():
     assert_all_ranks(not others, f"non-daemon threads would keep the process alive: {others}")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "runtime gap: each optimizer's completion thread runs for ever (BlockScheduler.close() is "
-    "never called and the thread's bound method keeps the scheduler alive), so every optimizer "
-    "ever built leaves a sleeping thread behind"))
 def test_completion_threads_end_with_their_optimizer():
     before = len(completion_threads())
     for i in range(3):
@@ -210,7 +228,7 @@ def test_completion_threads_end_with_their_optimizer():
         opt.apply_pending_updates()
         del model, opt
     gc.collect()
-    time.sleep(0.5)
+    time.sleep(scheduler.IDLE_EXIT_SECONDS + 1.0)    # idle completion threads end
     after = len(completion_threads())
     assert_all_ranks(after <= before, f"{after - before} completion thread(s) outlived their optimizer")
 
@@ -235,20 +253,17 @@ def test_a_model_whose_parameters_are_not_the_optimizers_is_rejected():
                      "optimizer" in message, f"no error naming the mismatch: {message!r}")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "runtime gap: optimizer parameters that no module of model= owns are accepted silently and only "
-    "waited for before the model's forward; a use outside it reads a stale value"))
-def test_optimizer_parameters_outside_the_model_are_rejected():
+def test_optimizer_parameters_outside_the_model_are_named_in_a_warning():
+    # Issue 4 keeps them working (waited for before the model's forward); the user is told.
     model = net()
     outside = nn.Parameter(torch.ones(3))
     opt = torch.optim.SGD(list(model.parameters()) + [outside], lr=0.1)
     named = [(f"rel.cfg2.{n}", p) for n, p in model.named_parameters()] + [("rel.cfg2.outside", outside)]
-    try:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         dcredit_hvd.DistributedOptimizer(opt, named_parameters=named, model=model)
-        message = ""
-    except ValueError as exc:
-        message = str(exc)
-    assert_all_ranks("rel.cfg2.outside" in message, f"no error naming the parameter: {message!r}")
+    message = " ".join(str(w.message) for w in caught)
+    assert_all_ranks("rel.cfg2.outside" in message, f"no warning naming the parameter: {message!r}")
 
 
 @pytest.mark.parametrize("kwargs,expected", [

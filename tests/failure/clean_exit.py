@@ -1,0 +1,56 @@
+"""A finished training ends promptly with status 0; ``hvd.shutdown()`` after use works.
+
+Launched by ``tests/test_failures.py`` under ``mpirun -np 2``.  Trains with plain Horovod for the
+expected parameters, then with ``dcredit_hvd`` (``model=``, so the last ``step()`` returns before
+its updates are applied) and calls ``hvd.shutdown()``: straight after the last ``step()`` as many
+Horovod scripts do (``python clean_exit.py direct``), or after ``opt.apply_pending_updates()``
+(``python clean_exit.py apply``).  Prints ``CLEAN rank R params_ok=... non_daemon_threads=[...]`` and writes
+``done_at`` just before the interpreter starts to exit.
+"""
+import os
+import sys
+import threading
+import time
+
+import horovod.torch as hvd
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import dcredit_hvd
+
+hvd.init()
+torch.set_num_threads(1)
+with open(os.path.join(os.environ["FAILURE_PID_DIR"], f"rank{hvd.rank()}.pid"), "w") as fh:
+    fh.write(str(os.getpid()))
+
+
+def run(wrap):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+    opt = wrap(torch.optim.Adam(model.parameters(), lr=0.01), model)
+    gen = torch.Generator().manual_seed(hvd.rank())
+    for _ in range(6):
+        opt.zero_grad()
+        x, y = torch.randn(8, 32, generator=gen), torch.randint(0, 10, (8,), generator=gen)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    return model, opt
+
+
+expected = run(lambda opt, model: hvd.DistributedOptimizer(
+    opt, named_parameters=[(f"ref.{n}", p) for n, p in model.named_parameters()]))
+expected = [p.detach().clone() for p in expected[0].parameters()]
+model, opt = run(lambda opt, model: dcredit_hvd.DistributedOptimizer(
+    opt, named_parameters=model.named_parameters(), model=model, policy="bytescheduler",
+    partition_bytes=1024))
+rank = hvd.rank()
+if sys.argv[1] == "apply":
+    opt.apply_pending_updates()
+hvd.shutdown()
+got = [v.detach().clone() for k, v in model.state_dict().items()]
+same = all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(got, expected))
+others = [t.name for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+print(f"CLEAN rank {rank} params_ok={same} non_daemon_threads={others}", flush=True)
+with open(os.path.join(os.environ["FAILURE_PID_DIR"], f"done_at{rank}"), "w") as fh:
+    fh.write(repr(time.time()))
