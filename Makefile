@@ -7,6 +7,8 @@ export PATH := $(VENV)/bin:$(PATH)
 # Open MPI refuses root without these; CI and these machines run as root.
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
+# A stalled block raises StallError (naming it) well before the run's own timeout.
+export DCREDIT_STALL_ABORT_SECONDS ?= 120
 # Each multi-rank run is killed (and fails) rather than hanging CI.
 MULTIRANK_TIMEOUT ?= 900
 MPIRUN    := timeout -k 10 $(MULTIRANK_TIMEOUT) mpirun -np 2 --oversubscribe --bind-to none \
