@@ -54,6 +54,11 @@ class SchedulerError(RuntimeError):
     """An error raised in the completion thread, re-raised in the training thread."""
 
 
+#: What a stall means and what to check, shared by both StallError messages.
+_STALL_ADVICE = ("Another rank stopped submitting gradients: check for uneven batches per rank, "
+                 "rank-dependent control flow, or a failed peer")
+
+
 class StallError(TimeoutError):
     """Blocks did not complete within ``DCREDIT_STALL_ABORT_SECONDS``."""
 
@@ -148,9 +153,8 @@ class BlockScheduler:
                     raise StallError(
                         f"dcredit_hvd: {self._outstanding} block(s) did not complete within "
                         f"{self._stall_abort_seconds:.0f} s (DCREDIT_STALL_ABORT_SECONDS); waiting "
-                        f"for {self._describe_waiting()}. Another rank stopped submitting "
-                        "gradients: check for uneven batches per rank, rank-dependent control "
-                        "flow, or a failed peer; raise the limit if a step can take this long.")
+                        f"for {self._describe_waiting()}. {_STALL_ADVICE}; raise the limit if a "
+                        "step can take this long.")
             self._raise_if_failed()
             self._iteration_open = False
 
@@ -159,15 +163,14 @@ class BlockScheduler:
         in flight longer than ``stall_abort_seconds`` (callers that wait elsewhere poll this)."""
         with self._cond:
             self._raise_if_failed()
+            # _inflight keeps submission order (appended on release, removed in place), so its
+            # head is the oldest block: O(1) on every gradient hook.
             if self._stall_abort_seconds and self._inflight:
-                oldest = min(item.submitted_at for item in self._inflight)
-                if time.perf_counter() - oldest > self._stall_abort_seconds:
+                if time.perf_counter() - self._inflight[0].submitted_at > self._stall_abort_seconds:
                     raise StallError(
                         f"dcredit_hvd: a block has been in flight for more than "
                         f"{self._stall_abort_seconds:.0f} s (DCREDIT_STALL_ABORT_SECONDS); waiting "
-                        f"for {self._describe_waiting()}. Another rank stopped submitting "
-                        "gradients: check for uneven batches per rank, rank-dependent control "
-                        "flow, or a failed peer.")
+                        f"for {self._describe_waiting()}. {_STALL_ADVICE}.")
 
     @property
     def outstanding(self) -> int:
