@@ -13,6 +13,7 @@ import atexit
 import json
 import logging
 import os
+import sys
 import time
 import warnings
 import weakref
@@ -48,9 +49,26 @@ _DOUBLE_SYNC = (
 )
 
 
+class _CurrentStderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at emit time, not at creation: a test runner that
+    captured and closed an earlier stderr must not turn the exit-time report into a logging
+    traceback."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass
+
+
 def _setup_logging() -> None:
     if not log.handlers:
-        handler = logging.StreamHandler()
+        handler = _CurrentStderrHandler()
         handler.setFormatter(logging.Formatter("[dcredit_hvd] %(message)s"))
         log.addHandler(handler)
         log.setLevel(os.environ.get("DCREDIT_LOG_LEVEL", "INFO").upper())

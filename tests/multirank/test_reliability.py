@@ -140,8 +140,14 @@ def test_an_optimizer_exception_surfaces_in_the_training_thread(with_model, paus
     model = net()
     base = ArmedSGD(model.parameters(), lr=0.1)
     opt = wrap(base, model, f"rel.opterr.{with_model}.{pause}", with_model=with_model)
-    phase, exc, step, seconds = train_until_error(
-        model, opt, arm=lambda: opt.armed.update(on=True), pause=pause)
+
+    def arm():
+        # Both ranks must fail on the same iteration's updates: with overlap, the previous
+        # step's updates may still be running when the training thread arms, on one rank only.
+        opt.apply_pending_updates()
+        opt.armed.update(on=True)
+
+    phase, exc, step, seconds = train_until_error(model, opt, arm=arm, pause=pause)
     text = chain_text(exc) if exc is not None else ""
     assert_all_ranks(exc is not None, "training went on after the optimizer raised")
     assert_all_ranks("injected optimizer failure" in text, f"surfaced {text!r} at {phase}")
