@@ -28,6 +28,11 @@ def size() -> int:
     return hvd.size()
 
 
+def is_initialized() -> bool:
+    """False after ``hvd.shutdown()``: every handle is gone and nothing can be sent."""
+    return hvd.is_initialized()
+
+
 def submit(tensor: torch.Tensor, name: str, op: Any, prescale: float, postscale: float,
            process_set: Any) -> int:
     """Start an in-place all-reduce of ``tensor`` under ``name``; returns Horovod's handle."""

@@ -29,7 +29,7 @@ from .blocks import TensorLayout, build_layout
 from .config import SchedulerConfig
 from .policies import Immediate, make_policy
 from .profiler import StepProfiler, measure_cost_model
-from .scheduler import BlockScheduler, Item
+from .scheduler import BlockScheduler, Item, SchedulerError
 from .updates import ParameterUpdater
 
 log = logging.getLogger("dcredit_hvd")
@@ -64,6 +64,13 @@ class _CurrentStderrHandler(logging.StreamHandler):
     @stream.setter
     def stream(self, _value) -> None:
         pass
+
+_SHUTDOWN_IN_FLIGHT = (
+    "dcredit_hvd: hvd.shutdown() was called while the last step()'s gradients were still being "
+    "all-reduced, so their updates are lost. With model= given, step() returns before its "
+    "updates are applied (they overlap the next forward): call opt.apply_pending_updates() "
+    "before hvd.shutdown(), or leave model= out for a step() that waits."
+)
 
 
 def _setup_logging() -> None:
@@ -172,10 +179,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._layer_started: dict = {}     # module -> forward start (timeline)
         self._fallback_logged = False
 
-        self._enabled = process_set.included() and (
-            comm.size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1")
+        #: Under ``horovodrun --min-np/--max-np`` ranks come and go (see ``_follow_membership``).
+        self._elastic = os.environ.get("HOROVOD_ELASTIC") == "1"
+        self._enabled = process_set.included() and (comm.size() > 1 or self._elastic)
         if not self._enabled:
             return
+        self._membership = self._current_membership()
+        self._membership_lost = False       # a failed collective: elastic will re-initialise
         self._is_gate = process_set.rank() == 0
         # With the model known, step() returns at once and each parameter is updated when its
         # gradient is reduced; the next forward waits per layer (docs/design.md, "Overlap").
@@ -188,7 +198,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                           if config.policy == "dcredit" else None)
         self._order = self._initial_order()
         self._layouts = self._build_layouts(self._policy.partition_bytes(config.partition_bytes))
-        self._check_agreement(backward_passes_per_step)
+        if self._elastic:
+            # A worker that joins constructs its optimizer while the others are in
+            # hvd.elastic's sync(): a collective here would never be matched.
+            if comm.rank() == 0:
+                _setup_logging()
+                log.info("elastic job: the cross-rank agreement check is skipped; elastic's "
+                         "sync() broadcasts rank 0's state to every new worker instead")
+        else:
+            self._check_agreement(backward_passes_per_step)
         gate_policy = self._policy if self._is_gate else Immediate()
         gate_policy.bind(self._layouts)
         self._scheduler = BlockScheduler(
@@ -311,7 +329,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             model.register_forward_hook(self._model_forward_end),
             # Readers of parameters between iterations see every update applied.
             model.register_state_dict_pre_hook(lambda *args: self.apply_pending_updates()),
-            model.register_load_state_dict_pre_hook(lambda *args: self.apply_pending_updates()),
+            model.register_load_state_dict_pre_hook(lambda *args: self._settle_for_load()),
         ]
 
     def _make_wait_hook(self, params):
@@ -436,7 +454,70 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._timeline.layer("backward", self._parameter_names[p], start, now)
         self._last_ready = now
 
+    # -- elastic membership ----------------------------------------------------------------
+    def _current_membership(self) -> tuple:
+        return (self._process_set.size(), self._process_set.rank())
+
+    def _follow_membership(self) -> None:
+        """Under ``hvd.elastic`` a worker that joins starts from a fresh optimizer while the
+        others keep theirs; both must send the same blocks from the next iteration on.  When
+        Horovod was re-initialised (another size or rank, or a failed collective that elastic's
+        ``restore()`` reported), drop whatever is in flight (its handles are gone) and start
+        over as at construction: default layout, and for ``dcredit`` a new profile and plan,
+        counted from the same iteration on every rank (the first after elastic's ``sync()``).
+        """
+        if not self._elastic:
+            return
+        membership = self._current_membership()
+        if membership == self._membership and not self._membership_lost:
+            return
+        if self._step_in_flight and comm.rank() == 0:
+            log.warning("Horovod was re-initialised while the last step's updates were in "
+                        "flight; they are dropped (elastic's sync() restores rank 0's state)")
+        self._membership, self._membership_lost = membership, False
+        self._discard_in_flight()
+        self._is_gate = self._process_set.rank() == 0
+        self._policy = make_policy(self._config, overlap_forward=self._overlap)
+        self._plan = self._measured = None
+        self._profiler = (StepProfiler(self._config.profile_warmup, self._config.profile_steps)
+                          if self._config.policy == "dcredit" else None)
+        self._layouts = self._build_layouts(self._policy.partition_bytes(self._config.partition_bytes))
+        gate_policy = self._policy if self._is_gate else Immediate()
+        gate_policy.bind(self._layouts)
+        self._scheduler.policy = gate_policy
+        if comm.rank() == 0:
+            _setup_logging()
+            log.info("elastic: %d ranks now; scheduling restarts%s", membership[0],
+                     " with a new profile" if self._profiler is not None else "")
+
+    def _discard_in_flight(self) -> None:
+        """Forget queued and in-flight blocks and owed updates: Horovod was re-initialised and
+        their handles are gone; the state that is loaded or broadcast next replaces them."""
+        self._scheduler.reset()
+        self._updater.reset()
+        self._step_in_flight = False
+        self._pending.clear()
+        self._queued.clear()
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = self.backward_passes_per_step
+
+    def _settle_for_load(self) -> None:
+        """Before a state is loaded: apply what the last step owes; if Horovod failed under it
+        (elastic ``restore()``), drop it instead: the loaded state replaces it."""
+        if not self._enabled:
+            return
+        try:
+            self.apply_pending_updates()
+            if self._scheduler.iteration_open:
+                self._scheduler.end_backward()
+                self._scheduler.wait_all()
+        except comm.HorovodInternalError:
+            self._discard_in_flight()
+            self._membership_lost = True
+
     def _enqueue(self, p) -> None:
+        if not self._scheduler.iteration_open:
+            self._follow_membership()
         if self._step_in_flight:
             self.apply_pending_updates()
         if not self._scheduler.iteration_open:
@@ -510,6 +591,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """End of backward: queue every gradient not sent yet (zeros for those this rank never
         computed: another rank may have) and let the policy drain the queue."""
         self._scheduler.check()
+        if not self._scheduler.iteration_open:
+            self._follow_membership()
         if self._step_in_flight:
             self.apply_pending_updates()
         if not self._scheduler.iteration_open:
@@ -541,8 +624,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """
         if not (self._enabled and self._step_in_flight):
             return
-        self._scheduler.wait_all()
-        self._updater.drain()
+        self._follow_membership()
+        if not self._step_in_flight:
+            return
+        try:
+            self._scheduler.wait_all()
+            self._updater.drain()
+        except (SchedulerError, comm.HorovodInternalError) as exc:
+            if self._elastic or comm.is_initialized():
+                raise
+            raise SchedulerError(_SHUTDOWN_IN_FLIGHT) from exc
         self._step_in_flight = False
         self._end_iteration()
 
@@ -599,21 +690,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Restore optimizer state; anything still in flight is drained first, then all
         scheduler state is reset (elastic ``restore()`` relies on this)."""
         if self._enabled:
-            try:
-                self.apply_pending_updates()
-                if self._scheduler.iteration_open:
-                    self._scheduler.end_backward()
-                    self._scheduler.wait_all()
-            except comm.HorovodInternalError:
-                # Elastic restore() after a failed collective: Horovod has been re-initialised
-                # and the blocks in flight are gone; start the next iteration from scratch.
-                self._scheduler.reset()
-                self._step_in_flight = False
-            self._updater.reset()
-            self._pending.clear()
-            self._queued.clear()
-            for p in self._allreduce_delay:
-                self._allreduce_delay[p] = self.backward_passes_per_step
+            self._settle_for_load()
+            self._discard_in_flight()
         self._synchronized = False
         self._should_synchronize = True
         return self._dcredit_base.load_state_dict(self, *args, **kwargs)

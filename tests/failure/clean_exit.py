@@ -3,9 +3,11 @@
 Launched by ``tests/test_failures.py`` under ``mpirun -np 2``.  Trains with plain Horovod for the
 expected parameters, then with ``dcredit_hvd`` (``model=``, so the last ``step()`` returns before
 its updates are applied) and calls ``hvd.shutdown()``: straight after the last ``step()`` as many
-Horovod scripts do (``python clean_exit.py direct``), or after ``opt.apply_pending_updates()``
-(``python clean_exit.py apply``).  Prints ``CLEAN rank R params_ok=... non_daemon_threads=[...]`` and writes
-``done_at`` just before the interpreter starts to exit.
+Horovod scripts do (``python clean_exit.py direct``: the updates still in flight are lost and
+reading the model says so), or after ``opt.apply_pending_updates()`` (``apply``); or without
+``model=`` (``sync``: ``step()`` waits, so a direct ``hvd.shutdown()`` loses nothing).
+Prints ``CLEAN rank R params_ok=... non_daemon_threads=[...]`` and writes ``done_at`` just
+before the interpreter starts to exit.
 """
 import os
 import sys
@@ -41,14 +43,19 @@ def run(wrap):
 expected = run(lambda opt, model: hvd.DistributedOptimizer(
     opt, named_parameters=[(f"ref.{n}", p) for n, p in model.named_parameters()]))
 expected = [p.detach().clone() for p in expected[0].parameters()]
+mode = sys.argv[1]
 model, opt = run(lambda opt, model: dcredit_hvd.DistributedOptimizer(
-    opt, named_parameters=model.named_parameters(), model=model, policy="bytescheduler",
-    partition_bytes=1024))
+    opt, named_parameters=model.named_parameters(), model=None if mode == "sync" else model,
+    policy="bytescheduler", partition_bytes=1024))
 rank = hvd.rank()
-if sys.argv[1] == "apply":
+if mode == "apply":
     opt.apply_pending_updates()
 hvd.shutdown()
-got = [v.detach().clone() for k, v in model.state_dict().items()]
+try:
+    got = [v.detach().clone() for k, v in model.state_dict().items()]
+except Exception as exc:
+    print(f"CLEAN rank {rank} state_dict raised {type(exc).__name__}: {exc}", flush=True)
+    raise
 same = all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(got, expected))
 others = [t.name for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
 print(f"CLEAN rank {rank} params_ok={same} non_daemon_threads={others}", flush=True)

@@ -3,10 +3,11 @@
 local "hosts" (``localhost`` and ``127.0.0.1``, one slot each).
 
 The worker on ``127.0.0.1`` kills itself (SIGKILL) once, at batch ``KILL_AT``; Horovod blacklists
-that host for a short cool-down, the survivor restores the last commit and goes on alone, then a
-new worker joins and receives the state.  At the end the ranks compare their parameters: every
-rank prints ``ELASTIC RESULT`` with the number of resets it saw, the world size and whether its
-parameters equal rank 0's bit for bit.
+that host for a short cool-down, the survivor restores the last commit and goes on alone (reset 1),
+then a new worker joins (reset 2), receives the state, and both train ``JOINT`` more batches.
+At the end the ranks compare their parameters: every rank prints ``ELASTIC RESULT`` with the
+number of resets this process saw, the world size and whether its parameters equal rank 0's
+bit for bit.
 """
 import os
 import signal
@@ -31,14 +32,21 @@ with open(os.path.join(os.environ["FAILURE_PID_DIR"], f"pid{os.getpid()}.pid"), 
 
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+# The policy comes from DCREDIT_POLICY (the test runs the default, dcredit, which profiles and
+# plans with collectives, and must start that over in step on every rank after each reset).
 opt = dcredit_hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
                                        named_parameters=model.named_parameters(), model=model,
-                                       policy="bytescheduler", partition_bytes=256)
-state = hvd.elastic.TorchState(model, opt, batch=0, resets=0)
+                                       partition_bytes=256)
+state = hvd.elastic.TorchState(model, opt, batch=0, shrunk=False, joint=0)
+resets = [0]                   # this process's own count (not part of the synced state)
+#: Give up waiting for the replacement worker after this many batches (the test then fails).
+CAP = int(os.environ.get("ELASTIC_CAP", "4000"))
+#: Batches both workers train together after the replacement joined.
+JOINT = int(os.environ.get("ELASTIC_JOINT", "10"))
 
 
 def on_reset():
-    state.resets += 1
+    resets[0] += 1
     print(f"worker {os.getpid()}: reset, size now {hvd.size()}", flush=True)
 
 
@@ -47,13 +55,19 @@ state.register_reset_callbacks([on_reset])
 
 @hvd.elastic.run
 def train(state):
-    while state.batch < TOTAL:
+    # Every rank sees the same batch, joint and size, so all leave the loop together:
+    # after TOTAL batches, once the replacement has trained JOINT batches with the survivor.
+    while (state.batch < TOTAL or state.joint < JOINT) and state.batch < CAP:
         gen = torch.Generator().manual_seed(state.batch * 100 + hvd.rank())
         x, y = torch.randn(8, 16, generator=gen), torch.randint(0, 4, (8,), generator=gen)
         opt.zero_grad()
         F.cross_entropy(model(x), y).backward()
         opt.step()
         state.batch += 1
+        # (elastic's sync() restores the last commit, so these are counted in the state itself)
+        state.shrunk = state.shrunk or hvd.size() < 2
+        if state.shrunk and hvd.size() == 2:
+            state.joint += 1
         if state.batch % 5 == 0:
             state.commit()
         if (state.batch == KILL_AT and os.environ.get("HOROVOD_HOSTNAME") == "127.0.0.1"
@@ -70,4 +84,4 @@ flat = torch.cat([p.detach().reshape(-1) for p in model.state_dict().values()])
 everyone = hvd.allgather_object(flat)
 same = all(torch.equal(t, everyone[0]) for t in everyone)
 print(f"ELASTIC RESULT rank={hvd.rank()} size={hvd.size()} batch={state.batch} "
-      f"resets={state.resets} identical={same}", flush=True)
+      f"resets={resets[0]} shrunk={state.shrunk} joint={state.joint} identical={same}", flush=True)
