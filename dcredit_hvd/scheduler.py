@@ -18,6 +18,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -57,6 +58,17 @@ class SchedulerError(RuntimeError):
 #: What a stall means and what to check, shared by both StallError messages.
 _STALL_ADVICE = ("Another rank stopped submitting gradients: check for uneven batches per rank, "
                  "rank-dependent control flow, or a failed peer")
+
+
+def _missing_ranks_hint() -> str:
+    """Horovod's public API does not say which ranks a tensor waits for, but its own stall
+    check logs them (on the coordinator, rank 0): point there, or say it is switched off."""
+    if os.environ.get("HOROVOD_STALL_CHECK_DISABLE", "0") not in ("", "0"):
+        return ("Horovod's stall check, which names the missing ranks, is off "
+                "(HOROVOD_STALL_CHECK_DISABLE): unset it to see them.")
+    limit = os.environ.get("HOROVOD_STALL_CHECK_TIME_SECONDS", "60")
+    return (f"Horovod's stall check logs the ranks that have not submitted each block on rank 0 "
+            f"after {limit} s (HOROVOD_STALL_CHECK_TIME_SECONDS).")
 
 
 class StallError(TimeoutError):
@@ -146,9 +158,8 @@ class BlockScheduler:
                 if not warned and waited > self._stall_seconds:
                     warned = True
                     log.warning("dcredit_hvd: %d block(s) still outstanding after %.0f s; waiting "
-                                "for: %s. A rank may have stopped submitting (uneven batches, "
-                                "rank-dependent control flow or a failed peer).",
-                                self._outstanding, waited, self._describe_waiting())
+                                "for: %s. %s. %s", self._outstanding, waited,
+                                self._describe_waiting(), _STALL_ADVICE, _missing_ranks_hint())
                 if self._stall_abort_seconds and waited > self._stall_abort_seconds:
                     raise StallError(
                         f"dcredit_hvd: {self._outstanding} block(s) did not complete within "

@@ -159,6 +159,30 @@ def test_an_optimizer_exception_surfaces_in_the_training_thread(with_model, paus
     assert_all_ranks(outcome != "hung", "state_dict() hung after the optimizer raised")
 
 
+def test_a_rank_left_waiting_by_its_peer_warns_then_raises_a_stall_error(capfd):
+    """Uneven batches: rank 0 runs one iteration more than rank 1.  Rank 0 must log which
+    blocks wait (and where Horovod names the missing ranks) after ``stall_seconds``, then raise
+    ``StallError`` in the training thread after ``stall_abort_seconds``, not hang."""
+    model = net()
+    opt = wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, "rel.stall", with_model=False,
+               stall_seconds=0.5, stall_abort_seconds=3.0)
+    steps = 3 if hvd.rank() == 0 else 2
+    started = time.perf_counter()
+    phase, exc, step, _ = train_until_error(model, opt, steps=steps)
+    seconds = time.perf_counter() - started
+    err = capfd.readouterr().err
+    if hvd.rank() == 0:
+        ok = (isinstance(exc, scheduler.StallError) and phase == "step" and step == 2
+              and "rel.stall" in str(exc) and seconds < 3.0 + SURFACE_LIMIT_S
+              and "still outstanding" in err and "rel.stall" in err
+              and "HOROVOD_STALL_CHECK_TIME_SECONDS" in err)
+        detail = f"{type(exc).__name__}: {exc} at {phase}/{step} after {seconds:.1f} s; log {err[-600:]!r}"
+    else:
+        ok, detail = exc is None, f"rank 1 raised {exc!r}"
+    forget(opt)
+    assert_all_ranks(ok, detail)
+
+
 def collect_failing_at(when: dict):
     """``comm.collect`` that raises Horovod's error on its ``when["n"]``-th call on this rank.
 
