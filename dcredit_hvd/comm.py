@@ -33,6 +33,11 @@ def is_initialized() -> bool:
     return hvd.is_initialized()
 
 
+def gpu_operations_built() -> bool:
+    """Whether Horovod can reduce CUDA tensors itself (built with NCCL or CUDA-aware MPI)."""
+    return bool(hvd.cuda_built() or hvd.rocm_built())
+
+
 def submit(tensor: torch.Tensor, name: str, op: Any, prescale: float, postscale: float,
            process_set: Any) -> int:
     """Start an in-place all-reduce of ``tensor`` under ``name``; returns Horovod's handle."""

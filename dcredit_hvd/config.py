@@ -62,6 +62,20 @@ def _parse_float(value: Any, what: str, low: float) -> float:
     return number
 
 
+_SWITCH = {"1": True, "true": True, "yes": True, "on": True,
+           "0": False, "false": False, "no": False, "off": False, "auto": None}
+
+
+def _parse_switch(value: Any, what: str) -> Optional[bool]:
+    if isinstance(value, bool):
+        return value
+    key = str(value).strip().lower()
+    if key not in _SWITCH:
+        raise ValueError(f"{what} must be 1, 0 or auto (also true/false, yes/no, on/off), "
+                         f"got {value!r}")
+    return _SWITCH[key]
+
+
 @dataclass
 class SchedulerConfig:
     """Everything the scheduler can be told.  See README "Configuration"."""
@@ -91,6 +105,12 @@ class SchedulerConfig:
     #: ``dcredit``: rank 0 writes the measured profile, cost model and plan to this JSON file
     #: (read by ``python -m dcredit_hvd plan --profile``).  ``DCREDIT_PROFILE_OUT``.
     profile_out: Optional[str] = None
+    #: CUDA gradients: stage every block through pinned host memory and reduce it with
+    #: Horovod's CPU operations (True), or hand CUDA tensors to Horovod (False).  None: stage
+    #: only when Horovod was built without GPU operations.  True lets several ranks share one
+    #: GPU with an NCCL build (NCCL allows one rank per device).  ``DCREDIT_CUDA_STAGING``
+    #: (``1``/``0``/``auto``).  See ``device.py``.
+    cuda_staging: Optional[bool] = None
     #: Where each field's value came from ("keyword", "environment", "default").
     sources: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -104,6 +124,7 @@ class SchedulerConfig:
         "profile_warmup": "DCREDIT_PROFILE_WARMUP",
         "profile_steps": "DCREDIT_PROFILE_STEPS",
         "profile_out": "DCREDIT_PROFILE_OUT",
+        "cuda_staging": "DCREDIT_CUDA_STAGING",
     }
 
     @classmethod
@@ -149,6 +170,8 @@ class SchedulerConfig:
             return _parse_int(value, what, 1)
         if name == "profile_out":
             return str(value)
+        if name == "cuda_staging":
+            return _parse_switch(value, what)
         raise AssertionError(name)
 
     def explicit(self, name: str) -> bool:

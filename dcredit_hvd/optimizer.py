@@ -18,7 +18,7 @@ import time
 import warnings
 import weakref
 from collections.abc import Iterable
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any, Optional
 
 import horovod.torch as hvd
@@ -27,6 +27,7 @@ import torch
 from . import comm, timeline
 from .blocks import TensorLayout, build_layout
 from .config import SchedulerConfig
+from .device import CudaTransfer, Ticket, follow
 from .policies import Immediate, make_policy
 from .profiler import StepProfiler, measure_cost_model
 from .scheduler import BlockScheduler, Item, SchedulerError
@@ -177,6 +178,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._forward_order_applied = False
         self._step_in_flight = False       # an overlapped step() whose updates may be owed
         self._layer_started: dict = {}     # module -> forward start (timeline)
+        self._cuda: Optional[CudaTransfer] = None   # CUDA gradients only (device.py)
+        self._cuda_stream = None           # the stream that produced the last CUDA gradients
         self._fallback_logged = False
 
         #: Under ``horovodrun --min-np/--max-np`` ranks come and go (see ``_follow_membership``).
@@ -336,12 +339,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         def hook(module, inputs):
             if self._step_in_flight and params:
                 self._updater.wait(params)
+                follow(self._cuda_stream)
         return hook
 
     def _make_layer_start_hook(self, params):
         def hook(module, inputs):
             if self._step_in_flight:
                 self._updater.wait(params)
+                follow(self._cuda_stream)
             if not self._forward_order_applied:
                 for p in params:
                     if p not in self._forward_seen:
@@ -397,7 +402,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         profiler, self._profiler = self._profiler, None
         total = sum(t.nbytes for t in self._layouts)
         started = time.perf_counter()
-        cost, samples = measure_cost_model(total, self._process_set)
+        # Time the path the blocks take: CUDA tensors when Horovod reduces them itself.
+        device = (self._order[0].device if self._cuda is not None and self._cuda.direct
+                  else torch.device("cpu"))
+        cost, samples = measure_cost_model(total, self._process_set, device=device)
         payload = None
         if self._is_gate:
             profile = profiler.profile(self._order, [t.name for t in self._layouts],
@@ -538,26 +546,50 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         flat = grad.view(-1)
         layout = self._layouts[self._index[p]]
         left = [len(layout.blocks)]            # blocks of p not yet reduced (completion thread)
+        cuda = self._cuda_transfer() if grad.is_cuda else None
         items = []
         for block in layout.blocks:
             view = flat[block.start:block.stop]
             payload, ctx = self._compression.compress(view)
             write_back = payload is not view
-            finish = self._block_done(p, view, ctx, write_back, left) \
-                if write_back or self._overlap else None
-            items.append(Item(block.key, 0, block, payload, finish))
+            ticket = cuda.prepare(block.name, payload) if cuda is not None else None
+            if ticket is not None:
+                self._cuda_stream = ticket.stream
+            finish = self._block_done(p, view, ctx, write_back, left, ticket) \
+                if write_back or self._overlap or ticket is not None else None
+            items.append(Item(block.key, 0, block, payload if ticket is None else ticket.sendable,
+                              finish, context=ticket))
         self._queued.add(p)
         self._scheduler.enqueue(layout.index, items)
 
-    def _block_done(self, p, view: torch.Tensor, ctx: Any, write_back: bool, left: list):
-        """Completion of one block: write back (compressed), and once every block of ``p`` is
-        reduced, let the updater apply ``p``'s update (overlap)."""
+    def _cuda_transfer(self) -> CudaTransfer:
+        """Created at the first CUDA gradient: direct when Horovod can reduce CUDA tensors and
+        staging was not asked for (``cuda_staging``), else through pinned host buffers."""
+        if self._cuda is None:
+            staging = self._config.cuda_staging
+            direct = comm.gpu_operations_built() if staging is None else not staging
+            self._cuda = CudaTransfer(direct=direct)
+            if comm.rank() == 0:
+                log.info("CUDA gradients: %s", "handed to Horovod as CUDA tensors (GPU "
+                         "operations)" if direct else "staged through pinned host memory "
+                         "(Horovod CPU operations)")
+        return self._cuda
+
+    def _block_done(self, p, view: torch.Tensor, ctx: Any, write_back: bool, left: list,
+                    ticket: Optional[Ticket] = None):
+        """Completion of one block: write back (compressed, or staged on the host), and once
+        every block of ``p`` is reduced, let the updater apply ``p``'s update (overlap).  CUDA
+        work is queued on the stream that produced the gradient (``device.py``, rule 2)."""
         def finish(output: torch.Tensor) -> None:
-            if write_back:
-                view.copy_(self._compression.decompress(output, ctx))
-            left[0] -= 1
-            if left[0] == 0 and self._overlap:
-                self._updater.reduced(p)
+            with (nullcontext(output) if ticket is None
+                  else CudaTransfer.receiving(ticket, output)) as result:
+                if write_back:
+                    view.copy_(self._compression.decompress(result, ctx))
+                elif ticket is not None and ticket.staged:
+                    view.copy_(result)
+                left[0] -= 1
+                if left[0] == 0 and self._overlap:
+                    self._updater.reduced(p)
         return finish
 
     def _submit_item(self, item: Item) -> int:
@@ -566,8 +598,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             postscale = self._gradient_predivide_factor
         else:
             prescale = postscale = 1.0
-        return comm.submit(item.payload, item.block.name, self._op, prescale, postscale,
-                           self._process_set)
+        if item.context is None:
+            return comm.submit(item.payload, item.block.name, self._op, prescale, postscale,
+                               self._process_set)
+        with CudaTransfer.submitting(item.context) as tensor:
+            return comm.submit(tensor, item.block.name, self._op, prescale, postscale,
+                               self._process_set)
 
     # -- Horovod's user-visible contract --------------------------------------------------
     def set_backward_passes_per_step(self, passes: int) -> None:
@@ -583,6 +619,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return
         self._send_rest()
         self._scheduler.wait_all()
+        follow(self._cuda_stream)          # write-backs were queued on the producer stream
         self._updater.reset()              # the gradients are reduced; step() updates at once
         self._synchronized = True
         self._end_iteration()
@@ -630,6 +667,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         try:
             self._scheduler.wait_all()
             self._updater.drain()
+            follow(self._cuda_stream)
         except (SchedulerError, comm.HorovodInternalError) as exc:
             if self._elastic or comm.is_initialized():
                 raise
@@ -741,7 +779,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          stall_abort_seconds: Optional[float] = None,
                          profile_warmup: Optional[int] = None,
                          profile_steps: Optional[int] = None,
-                         profile_out: Optional[str] = None):
+                         profile_out: Optional[str] = None,
+                         cuda_staging: Optional[bool] = None):
     """Wrap ``optimizer`` so its gradients are all-reduced by the scheduler.
 
     Arguments up to ``process_set`` are ``hvd.DistributedOptimizer``'s, with the same defaults
@@ -758,6 +797,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     * ``profile_warmup``, ``profile_steps``: ``dcredit`` runs this many iterations under
       ``bytescheduler`` rules, then averages this many into the profile it plans from.
     * ``profile_out``: ``dcredit`` writes the measured profile and plan to this JSON file.
+    * ``cuda_staging``: CUDA gradients go through pinned host memory and Horovod's CPU
+      operations (True), or to Horovod as CUDA tensors (False); default: staged only when
+      Horovod has no GPU operations.  ``DCREDIT_CUDA_STAGING``.
     """
     if gradient_predivide_factor != 1.0:
         if op != hvd.Average:
@@ -787,7 +829,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                                      stall_seconds=stall_seconds,
                                      stall_abort_seconds=stall_abort_seconds,
                                      profile_warmup=profile_warmup, profile_steps=profile_steps,
-                                     profile_out=profile_out)
+                                     profile_out=profile_out, cuda_staging=cuda_staging)
     base = optimizer.__class__
     namespace = dict(_DistributedOptimizer.__dict__)
     namespace["_dcredit_base"] = base

@@ -108,7 +108,8 @@ class StepProfiler:
 
 
 def measure_cost_model(max_bytes: int, process_set: Any, reps: int = 3,
-                       sizes: Sequence[int] = COST_SIZES) -> tuple[CostModel, list[tuple[int, float]]]:
+                       sizes: Sequence[int] = COST_SIZES, device: Any = "cpu",
+                       ) -> tuple[CostModel, list[tuple[int, float]]]:
     """Fit ``T(bytes) = a + b*bytes`` from all-reduces timed on the live communicator.
 
     Collective: every rank of ``process_set`` must call it at the same point.  Returns rank 0's
@@ -123,7 +124,7 @@ def measure_cost_model(max_bytes: int, process_set: Any, reps: int = 3,
         chosen = list(sizes[:2])
     samples: list[tuple[int, float]] = []
     for size in chosen:
-        tensor = torch.zeros(size // 4, dtype=torch.float32)
+        tensor = torch.zeros(size // 4, dtype=torch.float32, device=device)
         times = []
         for rep in range(reps + 1):                  # the first is a warm-up (negotiation, cache)
             start = time.perf_counter()

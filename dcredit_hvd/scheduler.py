@@ -43,6 +43,8 @@ class Item:
     #: Called with Horovod's output once the all-reduce finished (write-back of compressed data).
     finish: Optional[Callable[[torch.Tensor], None]] = field(compare=False, default=None)
     handle: Optional[int] = field(compare=False, default=None)
+    #: Whatever the submit callback needs besides the payload (a CUDA ``device.Ticket``).
+    context: Any = field(compare=False, default=None)
     submitted_at: float = field(compare=False, default=0.0)
     ready_at: float = field(compare=False, default=0.0)
 

@@ -43,3 +43,20 @@ def test_credit_from_environment_must_be_a_number():
 def test_unknown_option_is_a_type_error():
     with pytest.raises(TypeError, match="unknown scheduler option"):
         SchedulerConfig.resolve({}, credits=5)
+
+
+@pytest.mark.parametrize("text,expected", [("1", True), ("true", True), ("off", False),
+                                           ("0", False), ("auto", None), (" Yes ", True)])
+def test_cuda_staging_reads_a_switch_from_the_environment(text, expected):
+    config = SchedulerConfig.resolve(environ={"DCREDIT_CUDA_STAGING": text})
+    assert config.cuda_staging is expected
+
+
+def test_cuda_staging_keyword_false_overrides_the_environment():
+    config = SchedulerConfig.resolve(environ={"DCREDIT_CUDA_STAGING": "1"}, cuda_staging=False)
+    assert config.cuda_staging is False and config.sources["cuda_staging"] == "keyword"
+
+
+def test_cuda_staging_rejects_other_words_naming_the_variable():
+    with pytest.raises(ValueError, match=r"DCREDIT_CUDA_STAGING \(environment\) must be 1, 0 or auto"):
+        SchedulerConfig.resolve(environ={"DCREDIT_CUDA_STAGING": "sometimes"})
