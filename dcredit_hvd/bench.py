@@ -9,11 +9,16 @@ the same initial weights and data, so every ratio printed comes from one run.  A
 the same launch: compute alone (no all-reduce) and communication alone (the iteration's gradients
 all-reduced back to back, as plain Horovod would submit them); their maximum is the lower bound
 no scheduler can beat.  Rank 0 prints; ``--json`` writes the figures for plots.
+
+``--device cuda`` runs on ``cuda:<local rank modulo the GPU count>`` (so several ranks may share
+one GPU) and adds the GPUs' energy per iteration, from NVML's total-energy counter
+(``dcredit_hvd.energy``; needs ``pip install nvidia-ml-py`` and a Volta or newer GPU).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -47,6 +52,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-bounds", action="store_true",
                         help="skip the compute-only and communication-only measurements")
     parser.add_argument("--json", default=None, help="write the results to this file (rank 0)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where the model and data live (default cpu); cuda uses "
+                        "cuda:<local rank modulo GPU count> and reports the GPUs' energy per "
+                        "iteration when NVML's energy counter is readable (pynvml)")
     args = parser.parse_args(argv)
     args.policies = [p.strip() for p in args.policy.split(",") if p.strip()]
     args.options = {}
@@ -60,9 +69,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    import horovod.torch as hvd
     import torch
     import torch.nn.functional as F
+
+    if args.device == "cuda":
+        problem = cuda_unavailable_reason(torch)
+        if problem is not None:     # every rank stops here, before any collective
+            print(f"python -m dcredit_hvd.bench: error: --device cuda: {problem}",
+                  file=sys.stderr, flush=True)
+            return 2
+
+    import horovod.torch as hvd
 
     import dcredit_hvd
     from dcredit_hvd import zoo
@@ -70,6 +87,18 @@ def main(argv: list[str] | None = None) -> int:
     hvd.init()
     torch.set_num_threads(1)
     rank0 = hvd.rank() == 0
+    cuda = args.device == "cuda"
+    meter = None
+    if cuda:
+        from dcredit_hvd.energy import EnergyMeter
+
+        gpu = hvd.local_rank() % torch.cuda.device_count()
+        torch.cuda.set_device(gpu)
+        target_device = torch.device("cuda", gpu)
+        meter = EnergyMeter.for_cuda_device(gpu)
+        gpu_identity = {"host": platform.node(), "gpu": cuda_identity(torch, gpu)}
+    else:
+        target_device = torch.device("cpu")
 
     def log(*parts: Any) -> None:
         if rank0:
@@ -99,35 +128,80 @@ def main(argv: list[str] | None = None) -> int:
         def loss_of(model: Any) -> Any:
             logits = model(data[:, :-1])
             return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), data[:, 1:].reshape(-1))
+    if cuda:
+        data = data.to(target_device)
+        if unit == "images":
+            target = target.to(target_device)
 
-    def fresh_model() -> Any:
+    def fresh_model(on_device: bool = True) -> Any:
         torch.manual_seed(42)
-        return zoo.build(args.model, **args.options)
+        model = zoo.build(args.model, **args.options)
+        return model.to(target_device) if cuda and on_device else model
+
+    def synchronize() -> None:
+        if cuda:
+            torch.cuda.synchronize(target_device)
 
     compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
-    device = "CPU"
-    n_params = sum(p.numel() for p in fresh_model().parameters())
+    device = "GPU" if cuda else "CPU"
+    n_params = sum(p.numel() for p in fresh_model(on_device=False).parameters())
     log(f"Model: {args.model} {args.options or ''} ({n_params / 1e6:.2f} M parameters, "
         f"{n_params * 4 / 2**20:.1f} MiB of float32 gradients)")
     log(f"Batch size: {args.batch_size}")
     log(f"Number of {device}s: {hvd.size()}")
     log(f"Policies: {', '.join(args.policies)} (one after another in this launch)")
+    if cuda:
+        placements = hvd.allgather_object((hvd.rank(), gpu_identity["host"], str(target_device),
+                                           torch.cuda.get_device_name(target_device)))
+        for rank, host, where, name in placements:
+            log(f"rank {rank}: {host} {where} ({name})")
+        log(f"{meter.describe()} [rank 0]")
+
+    def timed(step: Callable[[], None], number: int) -> float:
+        if not cuda:
+            return timeit.timeit(step, number=number)
+
+        # GPU work is asynchronous: wait for it at the ends of the timed batches, never inside.
+        def batches() -> None:
+            for _ in range(number):
+                step()
+            synchronize()
+        synchronize()
+        return timeit.timeit(batches, number=1)
 
     def timed_run(label: str, make_step: Callable[[], Callable[[], None]]) -> dict[str, Any]:
         step = make_step()
         log(f"[{label}] Running warmup...")
-        timeit.timeit(step, number=args.num_warmup_batches)
+        timed(step, args.num_warmup_batches)
         log(f"[{label}] Running benchmark...")
         seconds = []
+        if meter is not None:
+            synchronize()
+            meter.start()
         for i in range(args.num_iters):
-            t = timeit.timeit(step, number=args.num_batches_per_iter)
+            t = timed(step, args.num_batches_per_iter)
             seconds.append(t / args.num_batches_per_iter)
             log(f"[{label}] Iter #{i}: {args.batch_size / seconds[-1]:.1f} img/sec per {device} "
                 f"({seconds[-1] * 1e3:.1f} ms/iteration; iteration {i + 1} of {args.num_iters})")
         rates = args.batch_size / np.array(seconds)
         result = {"label": label, "seconds_per_iteration": float(np.mean(seconds)),
                   "seconds": seconds, "img_sec_mean": float(rates.mean()),
-                  "img_sec_conf": float(1.96 * rates.std())}
+                  "img_sec_conf": float(1.96 * rates.std()), "energy_j_per_iter": None}
+        if meter is not None:
+            from dcredit_hvd.energy import gpu_energy_per_iteration
+
+            joules = meter.stop()
+            readings = hvd.allgather_object(dict(gpu_identity, rank=hvd.rank(), joules=joules))
+            energy = gpu_energy_per_iteration(
+                readings, iterations=args.num_iters * args.num_batches_per_iter)
+            result["energy_j_per_iter"] = energy["total"]
+            result["energy_per_gpu"] = energy["per_gpu"]
+            gpus = ", ".join(f"rank {g['rank']} {g['host']} {g['gpu']}: "
+                             + ("n/a" if g["j_per_iter"] is None else f"{g['j_per_iter']:.2f} J")
+                             for g in energy["per_gpu"])
+            total = "n/a" if energy["total"] is None else f"{energy['total']:.2f} J"
+            log(f"[{label}] Energy per iteration, {len(energy['per_gpu'])} GPU(s) summed: "
+                f"{total} ({gpus})")
         log(f"[{label}] Img/sec per {device}: {result['img_sec_mean']:.1f} "
             f"+-{result['img_sec_conf']:.1f}")
         log(f"[{label}] Total img/sec on {hvd.size()} {device}(s): "
@@ -141,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
             model = fresh_model()
             hvd.broadcast_parameters(model.state_dict(), root_rank=0)
             if policy == "ddp":
-                model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=25)
+                model = torch.nn.parallel.DistributedDataParallel(
+                    model, bucket_cap_mb=25, device_ids=[target_device] if cuda else None)
             opt = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size(), momentum=0.9)
             if policy == "horovod":
                 opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
@@ -181,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
                                "batch_size": args.batch_size, "ranks": hvd.size(),
                                "parameters": n_params, "fp16_allreduce": args.fp16_allreduce,
                                "machine": platform.platform(), "started": time.time(),
+                               "device": args.device, "energy": energy_note(meter),
                                "policies": {}}
     if not args.no_bounds:
         results["compute"] = timed_run("compute only", training_step("compute"))
@@ -197,13 +273,52 @@ def main(argv: list[str] | None = None) -> int:
             with open(args.json, "w") as fh:
                 json.dump(results, fh, indent=2)
             print(f"results written to {args.json}")
+    if meter is not None:
+        meter.close()
     return 0
+
+
+def cuda_unavailable_reason(torch: Any) -> str | None:
+    """Why ``--device cuda`` cannot run here, with the fix; None when it can."""
+    if torch.version.cuda is None:
+        return (f"this PyTorch ({torch.__version__}) is a CPU-only build. Install a CUDA build "
+                "of the same torch version (https://pytorch.org/get-started/locally/), rebuild "
+                "Horovod against it (pip uninstall -y horovod, then make install), or use "
+                "--device cpu")
+    if not torch.cuda.is_available():
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        hint = f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""
+        return (f"PyTorch {torch.__version__} was built for CUDA {torch.version.cuda} but sees "
+                f"no GPU{hint}. Check that nvidia-smi lists a GPU and the NVIDIA driver is "
+                "loaded, or use --device cpu")
+    return None
+
+
+def cuda_identity(torch: Any, index: int) -> str:
+    """The GPU's UUID as torch reports it (the same for every rank on that GPU)."""
+    try:
+        return str(torch.cuda.get_device_properties(index).uuid)
+    except Exception:
+        return f"cuda:{index}"
+
+
+#: How the energy column is measured and summed (printed under the table, kept in the JSON).
+ENERGY_SCOPE = ("GPU energy per iteration over the timed iterations, from NVML's total-energy "
+                "counter (whole GPU), summed over the job's GPUs; each GPU is counted once, read by the "
+                "lowest rank on it (local rank 0 when ranks share one GPU): ranks sharing a GPU "
+                "share its figure, and it includes any other work on those GPUs")
+
+
+def energy_note(meter: Any) -> dict[str, Any] | None:
+    """The JSON's ``energy`` entry: None on CPU, else the scope and rank 0's meter."""
+    if meter is None:
+        return None
+    return {"scope": ENERGY_SCOPE, "meter_rank0": meter.describe(), "available": meter.available}
 
 
 def init_gloo_process_group(hvd: Any) -> None:
     """torch.distributed over Gloo in the same processes, for the ``ddp`` baseline: rank 0
     picks a free port on loopback and tells the others through Horovod."""
-    import os
     import socket
 
     import torch.distributed as dist
@@ -270,7 +385,7 @@ def print_table(results: dict[str, Any]) -> None:
               f"lower bound max(compute, communication) {bound * 1e3:.1f} ms")
     simulated = results.get("simulated", {})
     print(f"\n{'policy':<15}{'ms/iter':>10}{'img/sec':>10}{'speedup vs horovod':>20}"
-          f"{'x lower bound':>15}{'simulated ms':>14}{'error':>8}")
+          f"{'x lower bound':>15}{'simulated ms':>14}{'error':>8}{'energy J/iter':>15}")
     for name, r in policies.items():
         t = r["seconds_per_iteration"]
         speedup = f"{base / t:.2f}x" if base else "-"
@@ -278,8 +393,17 @@ def print_table(results: dict[str, Any]) -> None:
         sim = simulated.get(name)
         predicted = f"{sim['predicted'] * 1e3:.1f}" if sim else "-"
         error = f"{sim['error_percent']:+.0f}%" if sim else "-"
+        joules = r.get("energy_j_per_iter")
+        energy = "n/a" if joules is None else f"{joules:.2f}"
         print(f"{name:<15}{t * 1e3:>10.1f}{r['img_sec_mean']:>10.1f}{speedup:>20}{ratio:>15}"
-              f"{predicted:>14}{error:>8}")
+              f"{predicted:>14}{error:>8}{energy:>15}")
+    note = results.get("energy")
+    if note is None:
+        print("energy J/iter: n/a on --device cpu (GPU energy only, with --device cuda)")
+    else:
+        print(f"energy J/iter: {note['scope']}.")
+        if not note["available"]:
+            print(f"  rank 0: {note['meter_rank0']}")
 
 
 if __name__ == "__main__":
