@@ -585,7 +585,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                   else CudaTransfer.receiving(ticket, output)) as result:
                 if write_back:
                     view.copy_(self._compression.decompress(result, ctx))
-                elif ticket is not None and ticket.staged:
+                elif result is not view:          # staged: landed in the payload, not p.grad
                     view.copy_(result)
                 left[0] -= 1
                 if left[0] == 0 and self._overlap:
