@@ -16,7 +16,7 @@ MPIRUN    := timeout -k 10 $(MULTIRANK_TIMEOUT) mpirun -np 2 --oversubscribe --b
 HVDRUN    := timeout -k 10 $(MULTIRANK_TIMEOUT) horovodrun -np 2 -H localhost:2 --gloo
 PYTEST_MR := $(PY) -m pytest -q -p no:cacheprovider tests/multirank
 
-.PHONY: install test test-unit test-mpi test-gloo demo bench lint clean
+.PHONY: install test test-unit test-mpi test-gloo demo bench lint clean gpu-wheelhouse gpu-check
 
 install:
 	VENV=$(VENV) ./scripts/install.sh
@@ -41,6 +41,16 @@ demo: install
 # The full comparison (zoo models x bandwidths); writes results/bench/benchmarks.md and PNGs.
 bench: install
 	$(PY) scripts/bench_all.py $(BENCH_ARGS)
+
+# GPU check (docs/gpu.md): gpu-wheelhouse here (PyPI reachable) fills .gpu_wheels; carry the
+# tree and .gpu_wheels to a machine with one CUDA GPU and run gpu-check there (no network needed).
+GPU_CHECK_OUT ?= $(CURDIR)/results/gpu
+
+gpu-wheelhouse:
+	bash scripts/gpu_wheelhouse.sh $(CURDIR)/.gpu_wheels
+
+gpu-check:
+	bash scripts/gpu_check.sh $(GPU_CHECK_OUT)
 
 lint:
 	$(VENV)/bin/ruff check dcredit_hvd tests scripts

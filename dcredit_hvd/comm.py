@@ -34,8 +34,13 @@ def is_initialized() -> bool:
 
 
 def gpu_operations_built() -> bool:
-    """Whether Horovod can reduce CUDA tensors itself (built with NCCL or CUDA-aware MPI)."""
-    return bool(hvd.cuda_built() or hvd.rocm_built())
+    """Whether Horovod reduces CUDA tensors on the GPU (built with NCCL, or RCCL on ROCm).
+
+    Not ``hvd.cuda_built()``: a Horovod compiled against a CUDA torch reports CUDA even without
+    GPU operations, and then copies CUDA tensors to the host itself.  (A build with
+    ``HOROVOD_GPU_OPERATIONS=MPI`` is not detectable here: pass ``cuda_staging=False``.)
+    """
+    return bool(hvd.nccl_built())
 
 
 def submit(tensor: torch.Tensor, name: str, op: Any, prescale: float, postscale: float,
