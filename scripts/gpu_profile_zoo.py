@@ -47,6 +47,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from dcredit_hvd import simulator, zoo  # noqa: E402
+from dcredit_hvd.__main__ import _size as cli_size  # noqa: E402
 from dcredit_hvd.__main__ import parse_rate, parse_time  # noqa: E402
 from dcredit_hvd.profile import Profile  # noqa: E402
 
@@ -429,13 +430,8 @@ def markdown(out: dict[str, Any]) -> str:
 
 
 def _size(nbytes: int | None) -> str:
-    if not nbytes:
-        return "-"
-    if nbytes % (1 << 20) == 0:
-        return f"{nbytes >> 20} MiB"
-    if nbytes % (1 << 10) == 0:
-        return f"{nbytes >> 10} KiB"
-    return f"{nbytes / 1e6:g} MB"
+    """The CLI's byte format (``2MiB``), ``-`` where a policy has no partition."""
+    return "-" if not nbytes else cli_size(nbytes)
 
 
 # ------------------------------------------------------------------------------------------
