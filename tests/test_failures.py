@@ -180,16 +180,22 @@ def test_hvd_shutdown_straight_after_step_works_without_model(tmp_path):
     assert "Traceback" not in output, tail
 
 
-def test_hvd_shutdown_with_updates_in_flight_says_they_are_lost_and_how_to_keep_them(tmp_path):
+def test_hvd_shutdown_straight_after_an_overlapped_step_never_leaves_parameters_silently_stale(
+        tmp_path):
     """With ``model=`` the last step()'s updates overlap the next forward; ``hvd.shutdown()``
-    straight after it clears Horovod's handles (before any hook of ours could run), so those
-    updates cannot be applied.  Reading the model must then fail loudly with the fix, never
-    return parameters silently missing the last step."""
+    straight after it clears Horovod's handles (before any hook of ours could run), so the
+    updates still in flight then cannot be applied.  Each rank must either have applied every
+    update (they finished before the shutdown: a race) or fail loudly, naming the fix, when the
+    model is read; never return parameters that silently miss the last step.  (Both ranks leave
+    their last step() before either shuts down: see clean_exit.py.)"""
     _needs("mpi")
     code, output, tail, done, ended = _clean_exit(tmp_path, "direct")
-    assert code not in (0, None), f"exited {code}:\n{tail}"
-    assert "params_ok=True" not in output and "params_ok=False" not in output, tail
-    raised = re.findall(r"CLEAN rank \d+ state_dict raised SchedulerError: [^\n]*", output)
-    assert len(raised) == 2, tail
-    assert all("hvd.shutdown()" in r and "opt.apply_pending_updates()" in r for r in raised), tail
+    outcomes = [f.read_text() for f in sorted(tmp_path.glob("outcome*"))]
+    assert len(outcomes) == 2, f"{outcomes}\n{tail}"
+    loud = [o for o in outcomes if " raised " in o]
+    for rank, outcome in enumerate(outcomes):
+        assert outcome in (f"CLEAN rank {rank} state_dict params_ok=True",) or (
+            outcome.startswith(f"CLEAN rank {rank} state_dict raised SchedulerError: ")
+            and "hvd.shutdown()" in outcome and "opt.apply_pending_updates()" in outcome), outcomes
+    assert (code != 0) == bool(loud), f"exit {code} with outcomes {outcomes}\n{tail}"
     assert not (tmp_path / "leftovers").read_text(), "processes left behind"
