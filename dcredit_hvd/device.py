@@ -43,10 +43,6 @@ class Ticket:
     #: The CUDA payload a staged result is copied back into (staged tickets only).
     payload: Optional[torch.Tensor] = None
 
-    @property
-    def staged(self) -> bool:
-        return self.copied is not None
-
 
 class CudaTransfer:
     """Hands CUDA blocks to Horovod in stream order (module docstring, rules 1 and 2).
@@ -112,12 +108,3 @@ def follow(stream: Optional[torch.cuda.Stream]) -> None:
     if current != stream:
         current.wait_stream(stream)
 
-
-@contextlib.contextmanager
-def on_stream(stream: Optional[torch.cuda.Stream]) -> Iterator[None]:
-    """``torch.cuda.stream(stream)``, or nothing for CPU work (``stream`` None)."""
-    if stream is None:
-        yield
-        return
-    with torch.cuda.stream(stream):
-        yield

@@ -189,18 +189,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return
         self._membership = self._current_membership()
         self._membership_lost = False       # a failed collective: elastic will re-initialise
-        self._is_gate = process_set.rank() == 0
         # With the model known, step() returns at once and each parameter is updated when its
         # gradient is reduced; the next forward waits per layer (docs/design.md, "Overlap").
         self._overlap = model is not None
-        self._policy = make_policy(config, overlap_forward=self._overlap)
-        self._plan = None
-        self._measured = None
-        # dcredit profiles the live job first (under bytescheduler rules), then plans.
-        self._profiler = (StepProfiler(config.profile_warmup, config.profile_steps)
-                          if config.policy == "dcredit" else None)
         self._order = self._initial_order()
-        self._layouts = self._build_layouts(self._policy.partition_bytes(config.partition_bytes))
+        gate_policy = self._start_schedule()
         if self._elastic:
             # A worker that joins constructs its optimizer while the others are in
             # hvd.elastic's sync(): a collective here would never be matched.
@@ -210,8 +203,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                          "sync() broadcasts rank 0's state to every new worker instead")
         else:
             self._check_agreement(backward_passes_per_step)
-        gate_policy = self._policy if self._is_gate else Immediate()
-        gate_policy.bind(self._layouts)
         self._scheduler = BlockScheduler(
             gate_policy, submit=self._submit_item, poll=comm.poll, collect=comm.collect,
             poll_seconds=config.poll_seconds, stall_seconds=config.stall_seconds,
@@ -462,6 +453,21 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._timeline.layer("backward", self._parameter_names[p], start, now)
         self._last_ready = now
 
+    def _start_schedule(self):
+        """The schedule every optimizer starts from (at construction, and again after an
+        elastic reset): the gate on rank 0, the configured policy and layout, no plan.  Returns
+        the policy this rank's gate runs (non-gate ranks release every block at once)."""
+        self._is_gate = self._process_set.rank() == 0
+        self._policy = make_policy(self._config, overlap_forward=self._overlap)
+        self._plan = self._measured = None
+        # dcredit profiles the live job first (under bytescheduler rules), then plans.
+        self._profiler = (StepProfiler(self._config.profile_warmup, self._config.profile_steps)
+                          if self._config.policy == "dcredit" else None)
+        self._layouts = self._build_layouts(self._policy.partition_bytes(self._config.partition_bytes))
+        gate_policy = self._policy if self._is_gate else Immediate()
+        gate_policy.bind(self._layouts)
+        return gate_policy
+
     # -- elastic membership ----------------------------------------------------------------
     def _current_membership(self) -> tuple:
         return (self._process_set.size(), self._process_set.rank())
@@ -484,15 +490,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                         "flight; they are dropped (elastic's sync() restores rank 0's state)")
         self._membership, self._membership_lost = membership, False
         self._discard_in_flight()
-        self._is_gate = self._process_set.rank() == 0
-        self._policy = make_policy(self._config, overlap_forward=self._overlap)
-        self._plan = self._measured = None
-        self._profiler = (StepProfiler(self._config.profile_warmup, self._config.profile_steps)
-                          if self._config.policy == "dcredit" else None)
-        self._layouts = self._build_layouts(self._policy.partition_bytes(self._config.partition_bytes))
-        gate_policy = self._policy if self._is_gate else Immediate()
-        gate_policy.bind(self._layouts)
-        self._scheduler.policy = gate_policy
+        self._scheduler.policy = self._start_schedule()
         if comm.rank() == 0:
             _setup_logging()
             log.info("elastic: %d ranks now; scheduling restarts%s", membership[0],
@@ -598,10 +596,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             postscale = self._gradient_predivide_factor
         else:
             prescale = postscale = 1.0
-        if item.context is None:
-            return comm.submit(item.payload, item.block.name, self._op, prescale, postscale,
-                               self._process_set)
-        with CudaTransfer.submitting(item.context) as tensor:
+        with (nullcontext(item.payload) if item.context is None
+              else CudaTransfer.submitting(item.context)) as tensor:
             return comm.submit(tensor, item.block.name, self._op, prescale, postscale,
                                self._process_set)
 
