@@ -7,8 +7,9 @@ editing this file only.  Public ``horovod.torch`` API only: Horovod is never pat
 from __future__ import annotations
 
 import pickle
+import threading
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import horovod.torch as hvd
 import torch
@@ -43,11 +44,69 @@ def gpu_operations_built() -> bool:
     return bool(hvd.nccl_built())
 
 
+class _HorovodReferences:
+    """Keeps a C++ reference to every tensor Horovod holds for an unfinished collective.
+
+    Why: Horovod 0.28 can deadlock when it shuts down (a peer raised and its exit handler
+    called ``hvd.shutdown()``).  Its background thread finalizes the queue while holding the
+    process-set table's mutex, and destroying a queued entry drops the last C++ reference to a
+    tensor that Python owns, which needs the GIL.  Meanwhile the training thread is inside the
+    next ``allreduce_async_`` enqueue, which holds the GIL and waits for that mutex.  Measured:
+    about 1 run in 8 of ``tests/failure/peer_failure.py raise`` under load before this class,
+    with native stacks showing exactly those two waits.
+
+    torch takes the GIL only when a tensor's C++ use count falls to 1 (the Python object alone),
+    so a second C++ reference held here, taken before the enqueue and dropped in a Python
+    thread, means Horovod's thread never needs the GIL for our tensors.  The reference is an
+    alias whose ``.grad`` is the tensor (autograd stores ``.grad`` in C++).  It is dropped once
+    the collective finished successfully; after a failure it is kept until Horovod was shut down
+    and initialised again (handle numbers restart then, and the old background thread has been
+    joined), since Horovod may still be finalizing the entry.
+    """
+
+    def __init__(self) -> None:
+        self._held: dict[int, list[torch.Tensor]] = {}
+        self._last_handle = 0
+        self._lock = threading.Lock()
+
+    def enqueue(self, tensors: list[torch.Tensor], start: Callable[[], int]) -> int:
+        """``start()``: one Horovod enqueue that references ``tensors``; returns its handle.
+
+        The references are taken before the enqueue (Horovod may finalize the entry as soon as
+        it is queued), and the lock keeps handles in enqueue order across threads, so that a
+        smaller handle than the last one can only mean that Horovod restarted its numbering.
+        """
+        anchors = []
+        for tensor in tensors:
+            alias = tensor.detach()
+            alias.grad = tensor
+            anchors.append(alias)
+        with self._lock:
+            handle = start()
+            if handle <= self._last_handle:
+                # Horovod was shut down (its background thread joined) and initialised again:
+                # nothing references the old collectives' tensors any more.
+                self._held.clear()
+            self._last_handle = handle
+            self._held[handle] = anchors
+        return handle
+
+    def finished(self, handle: int) -> None:
+        self._held.pop(handle, None)
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+
+_references = _HorovodReferences()
+
+
 def submit(tensor: torch.Tensor, name: str, op: Any, prescale: float, postscale: float,
            process_set: Any) -> int:
     """Start an in-place all-reduce of ``tensor`` under ``name``; returns Horovod's handle."""
-    return hvd.allreduce_async_(tensor, name=name, op=op, prescale_factor=prescale,
-                                postscale_factor=postscale, process_set=process_set)
+    return _references.enqueue([tensor], lambda: hvd.allreduce_async_(
+        tensor, name=name, op=op, prescale_factor=prescale, postscale_factor=postscale,
+        process_set=process_set))
 
 
 def poll(handle: int) -> bool:
@@ -57,7 +116,9 @@ def poll(handle: int) -> bool:
 
 def collect(handle: int) -> torch.Tensor:
     """The result of a finished all-reduce; raises ``HorovodInternalError`` if it failed."""
-    return hvd.synchronize(handle)
+    output = hvd.synchronize(handle)
+    _references.finished(handle)
+    return output
 
 
 def wait(handle: int, poll_seconds: float = 0.0002) -> torch.Tensor:
@@ -72,26 +133,61 @@ def wait(handle: int, poll_seconds: float = 0.0002) -> torch.Tensor:
     return collect(handle)
 
 
+def held_references() -> int:
+    """How many collectives' tensors are still referenced for Horovod (for soak checks)."""
+    return len(_references)
+
+
+def _sum(tensor: torch.Tensor, name: str, process_set: Any) -> torch.Tensor:
+    return wait(submit(tensor, name, SUM, 1.0, 1.0, process_set))
+
+
+def _as_words(obj: Any) -> torch.Tensor:
+    """``obj`` pickled into int32 words (zero-padded); a sum with zeros leaves it intact."""
+    data = pickle.dumps(obj)
+    data += bytes(-len(data) % 4)
+    return torch.frombuffer(bytearray(data), dtype=torch.int32)
+
+
+def _from_words(words: torch.Tensor) -> Any:
+    return pickle.loads(words.numpy().tobytes())   # pickle ignores the padding after STOP
+
+
 def broadcast_object(obj: Any, root_rank: int = 0, process_set: Any = None,
                      name: Optional[str] = None) -> Any:
-    kwargs = {"process_set": process_set} if process_set is not None else {}
-    return hvd.broadcast_object(obj, root_rank=root_rank, name=name, **kwargs)
+    """``obj`` from ``root_rank`` (a rank within ``process_set``) on every rank of the set.
+
+    Sent as sums of int32 tensors that only the root fills (not ``hvd.broadcast_object``) so
+    that, like every collective here, its tensors are held as ``_HorovodReferences`` says.
+    """
+    process_set = hvd.global_process_set if process_set is None else process_set
+    prefix = name or "dcredit.broadcast_object"
+    root = process_set.rank() == root_rank
+    words = _as_words(obj) if root else None
+    count = torch.tensor([words.numel() if root else 0], dtype=torch.int64)
+    count = int(_sum(count, f"{prefix}.count", process_set)[0])
+    if not root:
+        words = torch.zeros(count, dtype=torch.int32)
+    words = _sum(words, f"{prefix}.data", process_set)
+    return obj if root else _from_words(words)
 
 
 def allgather_object(obj: Any, process_set: Any = None, name: Optional[str] = None) -> list:
     """Every rank's ``obj``, in rank order, over ``process_set``.
 
-    ``hvd.allgather_object`` has no process-set argument in 0.28.1, so objects travel as pickled
-    bytes through ``hvd.allgather`` (which concatenates rows of different lengths).
+    ``hvd.allgather_object`` has no process-set argument in 0.28.1, and its output tensor is
+    made inside Horovod where it cannot be held as ``_HorovodReferences`` says; so each rank
+    writes its pickled object into its own slice of a zero buffer, and the buffers are summed.
     """
     process_set = hvd.global_process_set if process_set is None else process_set
-    payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
     prefix = name or "dcredit.allgather_object"
-    sizes = hvd.allgather(torch.tensor([payload.numel()]), name=f"{prefix}.sizes",
-                          process_set=process_set)
-    data = hvd.allgather(payload, name=f"{prefix}.data", process_set=process_set)
-    out, offset = [], 0
-    for size in sizes.tolist():
-        out.append(pickle.loads(data[offset:offset + size].numpy().tobytes()))
-        offset += size
-    return out
+    me, ranks = process_set.rank(), process_set.size()
+    mine = _as_words(obj)
+    counts = torch.zeros(ranks, dtype=torch.int64)
+    counts[me] = mine.numel()
+    counts = _sum(counts, f"{prefix}.counts", process_set).tolist()
+    offsets = [sum(counts[:r]) for r in range(ranks + 1)]
+    words = torch.zeros(offsets[-1], dtype=torch.int32)
+    words[offsets[me]:offsets[me + 1]] = mine
+    words = _sum(words, f"{prefix}.data", process_set)
+    return [_from_words(words[offsets[r]:offsets[r + 1]]) for r in range(ranks)]

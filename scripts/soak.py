@@ -26,6 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import dcredit_hvd
+from dcredit_hvd import comm
 
 #: Limits (the issue's): resident memory growth after warm-up, growth of pending handles/names.
 RSS_GROWTH_LIMIT_PCT = 5.0
@@ -57,6 +58,9 @@ class SoakReport:
     #: Horovod handles not yet synchronized (``horovod.torch.mpi_ops._handle_map``).
     handles_warm: int
     handles_end: int
+    #: Collectives whose tensors dcredit_hvd still references for Horovod (``comm``).
+    held_warm: int
+    held_end: int
     #: Blocks queued or in flight in the scheduler, and updates still owed, between iterations.
     outstanding_end: int
     owed_end: int
@@ -76,6 +80,8 @@ class SoakReport:
             out.append(f"resident memory grew {self.rss_growth_pct:.2f}% (limit {rss_limit_pct}%)")
         if self.handles_end > self.handles_warm:
             out.append(f"pending Horovod handles grew {self.handles_warm} -> {self.handles_end}")
+        if self.held_end > self.held_warm:
+            out.append(f"tensors held for Horovod grew {self.held_warm} -> {self.held_end}")
         if self.names_end > self.names_warm:
             out.append(f"distinct block names grew {self.names_warm} -> {self.names_end}")
         if self.outstanding_end or self.owed_end:
@@ -126,7 +132,7 @@ def run_soak(steps: int = 2000, warmup: int = 200, policy: str = "dcredit",
         names.update(opt.last_submission_order)
         if step + 1 == warmup:
             opt.apply_pending_updates()
-            warm = (_settled_rss(), len(mpi_ops._handle_map), len(names))
+            warm = (_settled_rss(), len(mpi_ops._handle_map), len(names), comm.held_references())
     seconds = (time.perf_counter() - started) / max(steps, 1)
     opt.apply_pending_updates()
     names.update(opt.last_submission_order)
@@ -138,7 +144,8 @@ def run_soak(steps: int = 2000, warmup: int = 200, policy: str = "dcredit",
     report = SoakReport(
         steps=steps, warmup=warmup, policy=policy, rss_warm_mib=warm[0], rss_end_mib=rss_end,
         rss_growth_pct=100.0 * (rss_end - warm[0]) / warm[0], handles_warm=warm[1],
-        handles_end=len(mpi_ops._handle_map), outstanding_end=opt._scheduler.outstanding,
+        handles_end=len(mpi_ops._handle_map), held_warm=warm[3],
+        held_end=comm.held_references(), outstanding_end=opt._scheduler.outstanding,
         owed_end=opt._updater.owed, names_warm=warm[2], names_end=len(names),
         max_abs_diff=diff, seconds_per_step=seconds)
     opt._scheduler.close()
@@ -167,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"({report.rss_growth_pct:+.2f}%, limit {RSS_GROWTH_LIMIT_PCT}%)")
             print(f"  pending handles  {report.handles_warm} -> {report.handles_end}")
             print(f"  block names      {report.names_warm} -> {report.names_end}")
+            print(f"  tensors held     {report.held_warm} -> {report.held_end}")
             print(f"  between iterations: {report.outstanding_end} blocks outstanding, "
                   f"{report.owed_end} updates owed")
             print(f"  parity with plain Horovod: max |diff| {report.max_abs_diff:.3g} "
