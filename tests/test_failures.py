@@ -199,3 +199,21 @@ def test_hvd_shutdown_straight_after_an_overlapped_step_never_leaves_parameters_
             and "hvd.shutdown()" in outcome and "opt.apply_pending_updates()" in outcome), outcomes
     assert (code != 0) == bool(loud), f"exit {code} with outcomes {outcomes}\n{tail}"
     assert not (tmp_path / "leftovers").read_text(), "processes left behind"
+
+
+@pytest.mark.parametrize("launcher", ["mpi", "gloo"])
+def test_enqueueing_while_horovod_shuts_down_fails_instead_of_deadlocking(tmp_path, launcher):
+    """Rank 0 enqueues through ``comm.submit`` without pause while rank 1 raises.  Horovod
+    0.28.1's own ``allreduce_async_`` deadlocks here (GIL vs. its process-set mutex; the
+    script's ``horovod`` mode hung 6 runs out of 6): ``comm`` must turn it into an error."""
+    _needs(launcher)
+    code, output, seconds, ended = _launch(
+        LAUNCHERS[launcher] + [sys.executable, str(HERE / "enqueue_during_shutdown.py"),
+                               "dcredit"], tmp_path)
+    tail = output[-4000:]
+    assert code is not None, f"the job hung for {LAUNCH_TIMEOUT_S:.0f} s:\n{tail}"
+    assert code != 0 and "still enqueueing" not in output, tail
+    after = ended - float((tmp_path / "failed_at").read_text())
+    assert after < PEER_FAILURE_LIMIT_S, f"rank 0 took {after:.0f} s to exit:\n{tail}"
+    assert "Horovod has been shut down" in output or "exited with non-zero" in output, tail
+    assert not (tmp_path / "leftovers").read_text(), "processes left behind"
