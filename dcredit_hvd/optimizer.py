@@ -162,12 +162,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                  if p.requires_grad]
         self._allreduce_delay = {p: backward_passes_per_step for p in self._requires_update}
         if model is not None:
-            mine = set(self._requires_update)
-            if mine and not any(p in mine for p in model.parameters()):
-                raise ValueError(
-                    f"model= was given a {type(model).__name__} none of whose parameters are "
-                    "updated by this optimizer: pass the model whose parameters the optimizer "
-                    "updates (the one named_parameters comes from), or leave model= out")
+            self._check_model(model)
         self._pending: set = set()      # fired at least once since the last synchronize
         self._queued: set = set()       # blocks handed to the scheduler this iteration
         self._synchronized = False
@@ -282,6 +277,28 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         position = {p: i for i, p in enumerate(self._parameter_names)}
         return sorted(self._requires_update, key=position.__getitem__)
 
+    def _check_model(self, model: torch.nn.Module) -> None:
+        """With ``model=``, each layer's forward waits for its own parameters' updates, so every
+        parameter this optimizer updates must belong to a module of ``model``."""
+        owned = set(model.parameters())
+        orphans = [p for p in self._requires_update if p not in owned]
+        if not orphans:
+            return
+        if len(orphans) == len(self._requires_update):
+            raise ValueError(
+                f"model= was given a {type(model).__name__} none of whose parameters are "
+                "updated by this optimizer: pass the model whose parameters the optimizer "
+                "updates (the one named_parameters comes from), or leave model= out")
+        names = [self._parameter_names[p] for p in orphans]
+        raise ValueError(
+            f"dcredit_hvd: model= ({type(model).__name__}) does not contain {len(names)} "
+            f"parameter(s) that this optimizer updates: {', '.join(names[:8])}"
+            f"{', ...' if len(names) > 8 else ''}. With model=, step() returns before its "
+            "updates are applied and each module's forward waits for its own parameters, so "
+            "a parameter outside model could be read before its update: register them in a "
+            "module of model (or pass one nn.Module holding the model and them), or leave "
+            "model= out so that step() waits like hvd.DistributedOptimizer")
+
     def _element_size(self, p: torch.Tensor) -> int:
         """Bytes per element as sent, after compression (fp16 compression halves float32)."""
         sample, _ = self._compression.compress(torch.zeros(1, dtype=p.dtype, device=p.device))
@@ -300,38 +317,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if model is None:
             return
         owned = set(self._requires_update)
-        hooked = set()
         self._module_names = {m: n or type(m).__name__ for n, m in model.named_modules()}
         for module in model.modules():
             params = [p for p in module.parameters(recurse=False) if p in owned]
             if params:
-                hooked.update(params)
                 self._hook_handles.append(
                     module.register_forward_pre_hook(self._make_layer_start_hook(params)))
                 self._hook_handles.append(
                     module.register_forward_hook(self._make_layer_end_hook(params)))
-        # Parameters no module of the model owns are waited for before the model's forward.
-        orphans = [p for p in self._requires_update if p not in hooked]
-        if orphans:
-            warnings.warn(
-                "dcredit_hvd: these optimizer parameters belong to no module of model=: "
-                f"{', '.join(self._parameter_names[p] for p in orphans)}. Their updates are "
-                "waited for before model's forward; a use before that (or outside the model) "
-                "must call opt.apply_pending_updates() first.", stacklevel=3)
         self._hook_handles += [
-            model.register_forward_pre_hook(self._make_wait_hook(orphans)),
             model.register_forward_hook(self._model_forward_end),
             # Readers of parameters between iterations see every update applied.
             model.register_state_dict_pre_hook(lambda *args: self.apply_pending_updates()),
             model.register_load_state_dict_pre_hook(lambda *args: self._settle_for_load()),
         ]
-
-    def _make_wait_hook(self, params):
-        def hook(module, inputs):
-            if self._step_in_flight and params:
-                self._updater.wait(params)
-                follow(self._cuda_stream)
-        return hook
 
     def _make_layer_start_hook(self, params):
         def hook(module, inputs):

@@ -95,3 +95,18 @@ def test_a_model_whose_parameters_the_optimizer_does_not_update_is_rejected():
     with pytest.raises(ValueError, match="none of whose parameters are updated by this optimizer"):
         dcredit_hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                          model=other)
+
+
+def test_a_model_missing_some_optimizer_parameters_is_rejected_naming_them():
+    model, _ = model_and_opt()
+    temperature = torch.nn.Parameter(torch.ones(1))   # e.g. a learnable loss parameter
+    opt = torch.optim.SGD(list(model.parameters()) + [temperature], lr=0.1)
+    named = list(model.named_parameters()) + [("loss.temperature", temperature)]
+    with pytest.raises(ValueError, match=r"does not contain 1 parameter\(s\) that this optimizer "
+                                         r"updates: loss.temperature\. .*leave model= out"):
+        dcredit_hvd.DistributedOptimizer(opt, named_parameters=named, model=model)
+    # The fixes the message gives both work: a module holding both, or no model=.
+    holder = torch.nn.Module()
+    holder.net, holder.temperature = model, temperature
+    dcredit_hvd.DistributedOptimizer(opt, named_parameters=named, model=holder)
+    dcredit_hvd.DistributedOptimizer(opt, named_parameters=named)
