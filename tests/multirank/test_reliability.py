@@ -12,7 +12,6 @@ import importlib.util
 import sys
 import threading
 import time
-import warnings
 from pathlib import Path
 
 import horovod.torch as hvd
@@ -283,17 +282,20 @@ def test_a_model_whose_parameters_are_not_the_optimizers_is_rejected():
                      "optimizer" in message, f"no error naming the mismatch: {message!r}")
 
 
-def test_optimizer_parameters_outside_the_model_are_named_in_a_warning():
-    # Issue 4 keeps them working (waited for before the model's forward); the user is told.
+def test_optimizer_parameters_outside_the_model_are_refused_on_every_rank_naming_them():
+    # With model=, a parameter outside the model could be read before its update: an error,
+    # raised on every rank before any collective, so no rank is left waiting.
     model = net()
     outside = nn.Parameter(torch.ones(3))
     opt = torch.optim.SGD(list(model.parameters()) + [outside], lr=0.1)
     named = [(f"rel.cfg2.{n}", p) for n, p in model.named_parameters()] + [("rel.cfg2.outside", outside)]
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    message = ""
+    try:
         dcredit_hvd.DistributedOptimizer(opt, named_parameters=named, model=model)
-    message = " ".join(str(w.message) for w in caught)
-    assert_all_ranks("rel.cfg2.outside" in message, f"no warning naming the parameter: {message!r}")
+    except ValueError as exc:
+        message = str(exc)
+    assert_all_ranks("does not contain 1 parameter(s) that this optimizer updates: "
+                     "rel.cfg2.outside" in message, f"no error naming the parameter: {message!r}")
 
 
 @pytest.mark.parametrize("kwargs,expected", [
