@@ -51,9 +51,10 @@ class _HorovodReferences:
     called ``hvd.shutdown()``).  Its background thread finalizes the queue while holding the
     process-set table's mutex, and destroying a queued entry drops the last C++ reference to a
     tensor that Python owns, which needs the GIL.  Meanwhile the training thread is inside the
-    next ``allreduce_async_`` enqueue, which holds the GIL and waits for that mutex.  Measured:
-    about 1 run in 8 of ``tests/failure/peer_failure.py raise`` under load before this class,
-    with native stacks showing exactly those two waits.
+    next ``allreduce_async_`` enqueue, which holds the GIL and waits for that mutex.  Measured
+    under load, ``tests/failure/peer_failure.py raise`` hung in 2 runs of 12 before this class
+    and in none of 16 after it. Native stacks show exactly those two waits, and
+    ``tests/failure/enqueue_during_shutdown.py horovod`` hangs plain Horovod 6 times in 6.
 
     torch takes the GIL only when a tensor's C++ use count falls to 1 (the Python object alone),
     so a second C++ reference held here, taken before the enqueue and dropped in a Python
