@@ -6,6 +6,7 @@ editing this file only.  Public ``horovod.torch`` API only: Horovod is never pat
 """
 from __future__ import annotations
 
+import itertools
 import pickle
 import threading
 import time
@@ -158,19 +159,14 @@ def broadcast_object(obj: Any, root_rank: int = 0, process_set: Any = None,
                      name: Optional[str] = None) -> Any:
     """``obj`` from ``root_rank`` (a rank within ``process_set``) on every rank of the set.
 
-    Sent as sums of int32 tensors that only the root fills (not ``hvd.broadcast_object``) so
-    that, like every collective here, its tensors are held as ``_HorovodReferences`` says.
+    ``allgather_object`` with only the root's object (the others send ``None``), not
+    ``hvd.broadcast_object``, so that its tensors are held as ``_HorovodReferences`` says.
     """
     process_set = hvd.global_process_set if process_set is None else process_set
-    prefix = name or "dcredit.broadcast_object"
     root = process_set.rank() == root_rank
-    words = _as_words(obj) if root else None
-    count = torch.tensor([words.numel() if root else 0], dtype=torch.int64)
-    count = int(_sum(count, f"{prefix}.count", process_set)[0])
-    if not root:
-        words = torch.zeros(count, dtype=torch.int32)
-    words = _sum(words, f"{prefix}.data", process_set)
-    return obj if root else _from_words(words)
+    gathered = allgather_object(obj if root else None, process_set,
+                                name or "dcredit.broadcast_object")
+    return obj if root else gathered[root_rank]
 
 
 def allgather_object(obj: Any, process_set: Any = None, name: Optional[str] = None) -> list:
@@ -187,7 +183,7 @@ def allgather_object(obj: Any, process_set: Any = None, name: Optional[str] = No
     counts = torch.zeros(ranks, dtype=torch.int64)
     counts[me] = mine.numel()
     counts = _sum(counts, f"{prefix}.counts", process_set).tolist()
-    offsets = [sum(counts[:r]) for r in range(ranks + 1)]
+    offsets = [0, *itertools.accumulate(counts)]
     words = torch.zeros(offsets[-1], dtype=torch.int32)
     words[offsets[me]:offsets[me + 1]] = mine
     words = _sum(words, f"{prefix}.data", process_set)

@@ -105,11 +105,14 @@ def _needs(launcher: str) -> None:
         pytest.skip(f"{tool} not installed")
 
 
-@pytest.mark.parametrize("launcher,mode", [("mpi", "raise"), ("mpi", "kill"), ("gloo", "kill")])
-def test_a_failed_peer_ends_every_rank_promptly_with_a_message(tmp_path, launcher, mode):
+def _assert_the_job_failed_promptly(launcher: str, script: list[str], tmp_path: Path,
+                                    never: str, messages: tuple[str, ...]) -> None:
+    """Launch ``script`` (rank 1 fails, writing ``failed_at``; rank 0 prints ``never`` if it
+    outlives the failure) and check the job ended non-zero within the limit, with one of
+    ``messages`` and no process left behind."""
     _needs(launcher)
-    code, output, seconds, ended = _launch(
-        LAUNCHERS[launcher] + [sys.executable, str(HERE / "peer_failure.py"), mode], tmp_path)
+    code, output, seconds, ended = _launch(LAUNCHERS[launcher] + [sys.executable] + script,
+                                           tmp_path)
     tail = output[-4000:]
     assert code is not None, f"the job hung for {LAUNCH_TIMEOUT_S:.0f} s after its peer failed:\n{tail}"
     assert code != 0, f"a job whose rank failed exited 0:\n{tail}"
@@ -117,10 +120,16 @@ def test_a_failed_peer_ends_every_rank_promptly_with_a_message(tmp_path, launche
     assert failed_at.exists(), f"rank 1 never reached the failure point:\n{tail}"
     after = ended - float(failed_at.read_text())
     assert after < PEER_FAILURE_LIMIT_S, f"the survivor took {after:.0f} s to exit:\n{tail}"
-    assert "still training" not in output, tail
-    assert any(text in output for text in PEER_FAILED), f"no message says a peer failed:\n{tail}"
+    assert never not in output, tail
+    assert any(text in output for text in messages), f"no message says a peer failed:\n{tail}"
     left = (tmp_path / "leftovers").read_text()
     assert not left, f"processes left behind: {left}"
+
+
+@pytest.mark.parametrize("launcher,mode", [("mpi", "raise"), ("mpi", "kill"), ("gloo", "kill")])
+def test_a_failed_peer_ends_every_rank_promptly_with_a_message(tmp_path, launcher, mode):
+    _assert_the_job_failed_promptly(launcher, [str(HERE / "peer_failure.py"), mode], tmp_path,
+                                    never="still training", messages=PEER_FAILED)
 
 
 def test_elastic_torch_state_survives_a_killed_worker(tmp_path):
@@ -206,14 +215,6 @@ def test_enqueueing_while_horovod_shuts_down_fails_instead_of_deadlocking(tmp_pa
     """Rank 0 enqueues through ``comm.submit`` without pause while rank 1 raises.  Horovod
     0.28.1's own ``allreduce_async_`` deadlocks here (GIL vs. its process-set mutex; the
     script's ``horovod`` mode hung 6 runs out of 6): ``comm`` must turn it into an error."""
-    _needs(launcher)
-    code, output, seconds, ended = _launch(
-        LAUNCHERS[launcher] + [sys.executable, str(HERE / "enqueue_during_shutdown.py"),
-                               "dcredit"], tmp_path)
-    tail = output[-4000:]
-    assert code is not None, f"the job hung for {LAUNCH_TIMEOUT_S:.0f} s:\n{tail}"
-    assert code != 0 and "still enqueueing" not in output, tail
-    after = ended - float((tmp_path / "failed_at").read_text())
-    assert after < PEER_FAILURE_LIMIT_S, f"rank 0 took {after:.0f} s to exit:\n{tail}"
-    assert "Horovod has been shut down" in output or "exited with non-zero" in output, tail
-    assert not (tmp_path / "leftovers").read_text(), "processes left behind"
+    _assert_the_job_failed_promptly(
+        launcher, [str(HERE / "enqueue_during_shutdown.py"), "dcredit"], tmp_path,
+        never="still enqueueing", messages=("Horovod has been shut down", "exited with non-zero"))
