@@ -1,0 +1,209 @@
+#!/usr/bin/env bash
+# A virtual cluster on one machine: N hosts h0..h(N-1), each a network namespace (and a UTS
+# namespace, so `hostname` says h0, h1, ...) with one veth NIC "eth0" into a bridge (the switch,
+# in a namespace of its own). Every NIC is shaped to RATE in BOTH directions (a tbf on the host's
+# end shapes what the host sends, a tbf on the switch's end what it receives), so each host has a
+# full-duplex link of RATE, as on a real cluster; one shared loopback (the old netshape.sh) split
+# one budget between both directions and both ranks and made communication cost about twice as
+# much.
+#
+#   scripts/vcluster.sh [--delay TIME] N RATE -- COMMAND...
+#       e.g. scripts/vcluster.sh 2 1gbit -- mpirun -np 2 -H h0,h1 python train.py
+#            scripts/vcluster.sh 4 1gbit -- horovodrun -np 4 -H h0:1,h1:1,h2:1,h3:1 --gloo python train.py
+#
+# COMMAND runs on h0 (the login node), where `mpirun -H h0,h1,...` and `horovodrun -H h0:1,...`
+# launch ranks on the hosts exactly as on a real cluster: Open MPI through a remote-shell agent
+# (OMPI_MCA_plm_rsh_agent) and horovodrun through an `ssh` shim first on PATH, both of which run
+# the remote command with `ip netns exec` in the host's namespaces, in a fresh login-like
+# environment (HOME, PATH, LANG and VCLUSTER_* only: pass variables with `mpirun -x`, as with ssh). Names come
+# from /etc/netns/<namespace>/hosts, which `ip netns exec` bind-mounts over /etc/hosts. Host
+# addresses (10.77.0.0/24) exist only inside the namespaces; there is no route out.
+# Also set for COMMAND: OMPI_MCA_{btl,oob}_tcp_if_include=eth0, HOROVOD_GLOO_IFACE=eth0,
+# GLOO_SOCKET_IFNAME=eth0, VCLUSTER_HOSTS (h0,h1,...), VCLUSTER_RATE, VCLUSTER_N.
+#
+# --delay TIME (or VCLUSTER_DELAY) adds a one-way latency per NIC direction with netem where the
+# kernel has it. This machine's kernel has NO netem ("Specified qdisc kind is unknown"): there
+# the option fails with that message rather than running without the latency.
+#
+# Everything (namespaces, veths, bridge, /etc/netns entries, the shims, processes left in the
+# namespaces) is removed on every exit path: success, failure, Ctrl-C, SIGTERM. Needs root
+# (CAP_NET_ADMIN, and mounts for `ip netns exec`); without it this says so and exits 3: there is
+# no fallback to an unshaped run.
+set -uo pipefail
+
+die() { echo "vcluster.sh: error: $*" >&2; exit "${2:-2}"; }
+usage="usage: scripts/vcluster.sh [--delay TIME] N RATE -- COMMAND...   (e.g. 2 1gbit -- mpirun -np 2 -H h0,h1 hostname)"
+
+delay=${VCLUSTER_DELAY:-}
+if [ "${1:-}" = --delay ]; then delay=${2:?$usage}; shift 2; fi
+[ $# -ge 2 ] || die "$usage"
+n=$1 rate=$2
+shift 2
+[ "${1:-}" = "--" ] || die "expected -- after N and RATE. $usage"
+shift
+[ $# -gt 0 ] || die "no COMMAND given after --. $usage"
+[[ $n =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] && [ "$n" -le 200 ] \
+    || die "N must be a host count from 1 to 200, got '$n'"
+
+# RATE in tc's bit units; bytes per second are needed to size the queue and the bucket.
+if [[ ${rate,,} =~ ^([0-9]+(\.[0-9]+)?)(bit|kbit|mbit|gbit|tbit)$ ]]; then
+    case ${BASH_REMATCH[3]} in
+        bit) mult=1 ;; kbit) mult=1000 ;; mbit) mult=1000000 ;; gbit) mult=1000000000 ;;
+        tbit) mult=1000000000000 ;;
+    esac
+    rate_bps=$(awk -v v="${BASH_REMATCH[1]}" -v m="$mult" 'BEGIN { printf "%.0f", v * m / 8 }')
+else
+    die "RATE must be a tc bit rate such as 200mbit, 1gbit or 10gbit, got '$rate'"
+fi
+[ "$rate_bps" -ge 125000 ] || die "RATE $rate is below 1mbit: too slow for an MPI job"
+
+[ "$(id -u)" = 0 ] || die "needs root (network namespaces, veths, tc and the mounts of \
+'ip netns exec' need CAP_NET_ADMIN and CAP_SYS_ADMIN); rerun as root or with sudo. Nothing \
+was run: benchmarks never fall back to an unshaped network." 3
+for tool in ip tc unshare; do
+    command -v "$tool" >/dev/null || die "'$tool' not found: apt-get install -y iproute2 util-linux" 3
+done
+
+# Queue sizing. A host's NIC queue must hold, without a drop, the largest burst its TCP senders
+# can put in it at once: all-reduce writes a whole fused message (up to HOROVOD_FUSION_THRESHOLD,
+# 128 MiB by default) into its sockets in one go, and with no drops each connection's window
+# grows until its socket buffer bounds it, so the queue fills up to the bytes in flight. A
+# drop-tail queue shorter than that drops on every all-reduce burst, and each drop halves a TCP
+# window: the link then runs well under RATE and the figures measure TCP's recovery, not the
+# scheduler. So the limit is the largest fused message plus one bandwidth-delay product (RATE x
+# an RTT of 2 x delay, 1 ms at least) for the other flows. A long queue costs no memory unless
+# filled, and the delay it adds when full is what a deep-buffered switch port adds too. The
+# bucket (burst) must exceed the largest packet (GSO on veth makes 64 KiB ones; smaller drops
+# them all); half a millisecond at RATE, 256 KiB at least, keeps line-rate bursts short.
+fusion=${HOROVOD_FUSION_THRESHOLD:-134217728}
+[[ $fusion =~ ^[0-9]+$ ]] || die "HOROVOD_FUSION_THRESHOLD must be a byte count, got '$fusion'"
+delay_us=0
+if [ -n "$delay" ]; then
+    if [[ $delay =~ ^([0-9]+(\.[0-9]+)?)(us|ms|s)$ ]]; then
+        delay_us=$(awk -v v="${BASH_REMATCH[1]}" -v u="${BASH_REMATCH[3]}" \
+            'BEGIN { m = (u == "us") ? 1 : (u == "ms") ? 1000 : 1000000; printf "%.0f", v * m }')
+    else
+        die "--delay must be a time such as 50us or 1ms, got '$delay'"
+    fi
+fi
+rtt_us=$(( 2 * delay_us > 1000 ? 2 * delay_us : 1000 ))
+bdp=$(( rate_bps * rtt_us / 1000000 ))
+limit=$(( fusion + bdp ))
+burst=$(( rate_bps / 2000 > 262144 ? rate_bps / 2000 : 262144 ))
+
+tag=vc$$
+sw=$tag-sw
+shim=$(mktemp -d /tmp/vcluster.XXXXXX)
+hosts=()
+for ((i = 0; i < n; i++)); do hosts+=("h$i"); done
+child=
+
+cleanup() {
+    trap - EXIT INT TERM HUP
+    [ -n "$child" ] && kill -TERM "$child" 2>/dev/null
+    local ns pids
+    for ns in "${hosts[@]/#/$tag-}" "$sw"; do
+        # processes still running in our namespaces were started by COMMAND: end them first
+        pids=$(ip netns pids "$ns" 2>/dev/null)
+        # shellcheck disable=SC2086
+        [ -n "$pids" ] && kill -TERM $pids 2>/dev/null
+    done
+    sleep 0.2
+    for ns in "${hosts[@]/#/$tag-}" "$sw"; do
+        pids=$(ip netns pids "$ns" 2>/dev/null)
+        # shellcheck disable=SC2086
+        [ -n "$pids" ] && kill -KILL $pids 2>/dev/null
+        ip netns del "$ns" 2>/dev/null   # takes its veth ends (and the bridge) with it
+        rm -rf "/etc/netns/$ns"
+    done
+    rm -rf "$shim"
+}
+trap 'cleanup' EXIT
+trap 'cleanup; exit 130' INT
+trap 'cleanup; exit 143' TERM
+trap 'cleanup; exit 129' HUP
+
+fail() { echo "vcluster.sh: error: $*" >&2; exit 3; }
+
+ip netns add "$sw" 2>/dev/null || fail "cannot create network namespace $sw (ip netns add): \
+is this a container without CAP_SYS_ADMIN?"
+ip -n "$sw" link set lo up
+ip -n "$sw" link add br0 type bridge || fail "cannot create a bridge (kernel without bridge support?)"
+ip -n "$sw" link set br0 up
+
+# Adds the shaping to one veth end: tbf (and netem beneath it when --delay is given).
+shape() {
+    local ns=$1 dev=$2
+    ip netns exec "$ns" tc qdisc replace dev "$dev" root handle 1: tbf rate "$rate" \
+        burst "$burst" limit "$limit" || fail "tc tbf on $dev in $ns failed"
+    if [ "$delay_us" -gt 0 ]; then
+        ip netns exec "$ns" tc qdisc add dev "$dev" parent 1:1 handle 10: netem \
+            delay "${delay_us}us" limit 1000000 2>/dev/null \
+            || fail "--delay $delay needs netem, which this kernel does not have \
+('Specified qdisc kind is unknown'); run without --delay"
+    fi
+}
+
+hosts_file="127.0.0.1 localhost"
+for ((i = 0; i < n; i++)); do hosts_file+=$'\n'"10.77.$((i / 250)).$((i % 250 + 1)) h$i"; done
+for ((i = 0; i < n; i++)); do
+    ns=$tag-h$i
+    ip netns add "$ns" || fail "cannot create network namespace $ns"
+    mkdir -p "/etc/netns/$ns"
+    printf '%s\n' "$hosts_file" > "/etc/netns/$ns/hosts"
+    echo "h$i" > "/etc/netns/$ns/hostname"
+    ip -n "$sw" link add "h$i" type veth peer name eth0 netns "$ns" || fail "cannot create veth for h$i"
+    ip -n "$sw" link set "h$i" master br0 up
+    ip -n "$ns" link set lo up
+    ip -n "$ns" addr add "10.77.$((i / 250)).$((i % 250 + 1))/16" dev eth0
+    ip -n "$ns" link set eth0 up
+    shape "$ns" eth0          # what h$i sends
+    shape "$sw" "h$i"         # what h$i receives
+done
+
+# The remote shell: `rsh HOST COMMAND...` runs COMMAND on HOST as ssh would (a shell, a fresh
+# environment, the home directory). Open MPI calls it as its rsh agent; `ssh` is the same with
+# ssh's options skipped, for horovodrun (which calls `ssh -o ... HOST -p PORT 'cd DIR; CMD'`).
+cat > "$shim/rsh" <<EOF
+#!/usr/bin/env bash
+# ssh's options may come before and after the host (horovodrun puts -o ConnectTimeout after it)
+host=
+while [ \$# -gt 0 ]; do
+    case \$1 in
+        -[oiplFJEbcDeLmQRSWw]) shift 2 ;;
+        -*) shift ;;
+        *) [ -n "\$host" ] && break; host=\$1; shift ;;
+    esac
+done
+[ -n "\$host" ] || { echo "usage: rsh HOST COMMAND..." >&2; exit 255; }
+case " ${hosts[*]} " in
+    *" \$host "*) ;;
+    *) echo "vcluster rsh: unknown host '\$host' (this cluster has ${hosts[*]})" >&2; exit 255 ;;
+esac
+[ \$# -gt 0 ] || { echo "vcluster rsh: no command for \$host (interactive logins are not offered)" >&2; exit 255; }
+exec ip netns exec "$tag-\$host" unshare --uts /bin/sh -c 'hostname "\$0" && cd "\$HOME" && exec "\$@"' \\
+    "\$host" env -i HOME="\${HOME:-/root}" USER="\${USER:-root}" LANG="\${LANG:-C.UTF-8}" \\
+    PATH="$shim:\$PATH" OMPI_MCA_plm_rsh_agent="$shim/rsh" VCLUSTER_HOSTS="$(IFS=,; echo "${hosts[*]}")" \\
+    VCLUSTER_RATE="$rate" VCLUSTER_N="$n" \\
+    /bin/bash -c "\$*"
+EOF
+cp "$shim/rsh" "$shim/ssh"
+chmod +x "$shim/rsh" "$shim/ssh"
+
+if ! ip netns exec "$tag-h0" true 2>/dev/null; then
+    fail "'ip netns exec' does not work here (it needs to mount /sys and bind-mount /etc/netns)"
+fi
+echo "[vcluster] $n host(s) ${hosts[*]} on one switch, each NIC $rate both ways (tbf burst" \
+     "$burst B, queue $limit B)${delay:+, +$delay each way}; command on h0" >&2
+
+ip netns exec "$tag-h0" unshare --uts /bin/sh -c 'hostname h0 && exec "$@"' h0 \
+    env PATH="$shim:$PATH" OMPI_MCA_plm_rsh_agent="$shim/rsh" \
+    OMPI_MCA_btl_tcp_if_include=eth0 OMPI_MCA_oob_tcp_if_include=eth0 \
+    HOROVOD_GLOO_IFACE=eth0 GLOO_SOCKET_IFNAME=eth0 \
+    VCLUSTER_HOSTS="$(IFS=,; echo "${hosts[*]}")" VCLUSTER_RATE="$rate" VCLUSTER_N="$n" \
+    VCLUSTER_NAMESPACE_PREFIX="$tag-" "$@" &
+child=$!
+wait "$child"
+status=$?
+child=
+exit $status
