@@ -37,8 +37,8 @@ def main() -> int:
     if not args.rate:
         raise SystemExit("allreduce_probe.py: no --rate and no VCLUSTER_RATE: run it under "
                          "scripts/vcluster.sh or pass --rate")
-    import torch
     import horovod.torch as hvd
+    import torch
 
     hvd.init()
     torch.set_num_threads(1)
