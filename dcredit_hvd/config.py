@@ -111,6 +111,12 @@ class SchedulerConfig:
     #: GPU with an NCCL build (NCCL allows one rank per device).  ``DCREDIT_CUDA_STAGING``
     #: (``1``/``0``/``auto``).  See ``device.py``.
     cuda_staging: Optional[bool] = None
+    #: Race amplifier for tests (``amplifier.RaceAmplifier``): the completion thread, the
+    #: submission of blocks and each overlapped parameter update sleep a random time in
+    #: [0, this many seconds] at the points where an ordering bug would show, so that such a bug
+    #: fails a test every run instead of once in many.  0 (default): off.
+    #: ``DCREDIT_RACE_AMPLIFIER``.
+    race_amplifier: float = 0.0
     #: Where each field's value came from ("keyword", "environment", "default").
     sources: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -125,6 +131,7 @@ class SchedulerConfig:
         "profile_steps": "DCREDIT_PROFILE_STEPS",
         "profile_out": "DCREDIT_PROFILE_OUT",
         "cuda_staging": "DCREDIT_CUDA_STAGING",
+        "race_amplifier": "DCREDIT_RACE_AMPLIFIER",
     }
 
     @classmethod
@@ -160,7 +167,7 @@ class SchedulerConfig:
             return policy
         if name in ("partition_bytes", "credit_bytes"):
             return parse_bytes(value, what)
-        if name in ("poll_seconds", "stall_seconds"):
+        if name in ("poll_seconds", "stall_seconds", "race_amplifier"):
             return _parse_float(value, what, 0.0)
         if name == "stall_abort_seconds":
             return _parse_float(value, what, -1e-9)

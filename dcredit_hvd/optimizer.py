@@ -25,11 +25,13 @@ import horovod.torch as hvd
 import torch
 
 from . import comm, timeline
+from .amplifier import RaceAmplifier
 from .blocks import TensorLayout, build_layout
 from .config import SchedulerConfig
 from .device import CudaTransfer, Ticket, follow
 from .policies import Immediate, make_policy
 from .profiler import StepProfiler, measure_cost_model
+from .readguard import ReadGuard
 from .scheduler import BlockScheduler, Item, SchedulerError
 from .updates import ParameterUpdater
 
@@ -168,8 +170,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._should_synchronize = True
         self._hook_handles: list = []
-        self._forward_order: list = []     # parameters in the order forward first used them
-        self._forward_seen: set = set()
         self._forward_order_applied = False
         self._step_in_flight = False       # an overlapped step() whose updates may be owed
         self._layer_started: dict = {}     # module -> forward start (timeline)
@@ -187,6 +187,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # With the model known, step() returns at once and each parameter is updated when its
         # gradient is reduced; the next forward waits per layer (docs/design.md, "Overlap").
         self._overlap = model is not None
+        self._amplify = RaceAmplifier(config.race_amplifier)
+        # Every read of a parameter whose update is owed waits for it (readguard.py); the same
+        # guard observes the order in which the first forward reads the parameters.
+        self._guard = ReadGuard(self._wait_for_reads) if self._overlap else None
         self._order = self._initial_order()
         gate_policy = self._start_schedule()
         if self._elastic:
@@ -198,15 +202,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                          "sync() broadcasts rank 0's state to every new worker instead")
         else:
             self._check_agreement(backward_passes_per_step)
+        poll, collect = comm.poll, comm.collect
+        if self._amplify:
+            poll, collect = self._amplified(poll), self._amplified(collect)
         self._scheduler = BlockScheduler(
-            gate_policy, submit=self._submit_item, poll=comm.poll, collect=comm.collect,
+            gate_policy, submit=self._submit_item, poll=poll, collect=collect,
             poll_seconds=config.poll_seconds, stall_seconds=config.stall_seconds,
             stall_abort_seconds=config.stall_abort_seconds,
             timeline=timeline.from_env(comm.rank()),
             passthrough=(comm.HorovodInternalError,))
         self._timeline = self._scheduler.timeline
         self._last_ready = None             # for the backward track of the timeline
-        self._updater = ParameterUpdater(self, self._dcredit_base, self._scheduler.check)
+        self._updater = ParameterUpdater(self, self._dcredit_base, self._scheduler.check,
+                                         guard=self._guard, jitter=self._amplify)
         self._register_hooks(model)
         if self._overlap:
             atexit.register(_apply_at_exit, weakref.ref(self))
@@ -278,8 +286,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return sorted(self._requires_update, key=position.__getitem__)
 
     def _check_model(self, model: torch.nn.Module) -> None:
-        """With ``model=``, each layer's forward waits for its own parameters' updates, so every
-        parameter this optimizer updates must belong to a module of ``model``."""
+        """With ``model=``, priority follows the order in which ``model``'s forward reads the
+        parameters, and the overlapped step is only safe for the model given: every parameter
+        this optimizer updates must belong to ``model`` (a different model is a mistake)."""
         owned = set(model.parameters())
         orphans = [p for p in self._requires_update if p not in owned]
         if not orphans:
@@ -294,8 +303,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             f"dcredit_hvd: model= ({type(model).__name__}) does not contain {len(names)} "
             f"parameter(s) that this optimizer updates: {', '.join(names[:8])}"
             f"{', ...' if len(names) > 8 else ''}. With model=, step() returns before its "
-            "updates are applied and each module's forward waits for its own parameters, so "
-            "a parameter outside model could be read before its update: register them in a "
+            "updates are applied and the priority order comes from model's forward, so every "
+            "parameter the optimizer updates must be part of model: register them in a "
             "module of model (or pass one nn.Module holding the model and them), or leave "
             "model= out so that step() waits like hvd.DistributedOptimizer")
 
@@ -318,30 +327,25 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return
         owned = set(self._requires_update)
         self._module_names = {m: n or type(m).__name__ for n, m in model.named_modules()}
+        self._guard.observe(self._requires_update)
+        self._hook_handles.append(model.register_forward_pre_hook(self._model_forward_start))
         for module in model.modules():
             params = [p for p in module.parameters(recurse=False) if p in owned]
             if params:
                 self._hook_handles.append(
-                    module.register_forward_pre_hook(self._make_layer_start_hook(params)))
+                    module.register_forward_pre_hook(self._make_layer_start_hook()))
                 self._hook_handles.append(
                     module.register_forward_hook(self._make_layer_end_hook(params)))
         self._hook_handles += [
-            model.register_forward_hook(self._model_forward_end),
+            model.register_forward_hook(self._model_forward_end, always_call=True),
             # Readers of parameters between iterations see every update applied.
             model.register_state_dict_pre_hook(lambda *args: self.apply_pending_updates()),
             model.register_load_state_dict_pre_hook(lambda *args: self._settle_for_load()),
         ]
 
-    def _make_layer_start_hook(self, params):
+    def _make_layer_start_hook(self):
+        # No wait here: the read guard makes each read of a parameter wait for its update.
         def hook(module, inputs):
-            if self._step_in_flight:
-                self._updater.wait(params)
-                follow(self._cuda_stream)
-            if not self._forward_order_applied:
-                for p in params:
-                    if p not in self._forward_seen:
-                        self._forward_seen.add(p)
-                        self._forward_order.append(p)
             if self._profiler is not None:
                 self._profiler.layer_start(module)
             if self._timeline is not None:
@@ -357,21 +361,31 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                      self._layer_started.pop(module), time.perf_counter())
         return hook
 
+    def _model_forward_start(self, module, inputs):
+        self._scheduler.check()             # a completion-thread error surfaces in forward
+        self._guard.forward_started()
+
     def _model_forward_end(self, module, inputs, output):
+        self._guard.forward_ended()
         if self._profiler is not None:
             self._profiler.forward_end()
         if self._timeline is not None:
             self._last_ready = time.perf_counter()
 
     def _apply_forward_order(self) -> None:
-        """Re-index tensors in the order forward first used them (spec §2), once, between
-        iterations.  Names do not depend on the index, so ranks stay consistent."""
-        if self._forward_order_applied or not self._forward_order:
+        """Re-index tensors in the order forward first read them (spec §2), once, between
+        iterations; parameters forward never read keep their relative order, after the others.
+        Names do not depend on the index, so ranks stay consistent.  Tensors are compared by
+        identity, never by value."""
+        if self._forward_order_applied or self._guard is None:
+            return
+        first_reads = self._guard.stop_observing()
+        if not first_reads:
             return
         self._forward_order_applied = True
-        seen = set(self._forward_order)
-        order = self._forward_order + [p for p in self._order if p not in seen]
-        if order != self._order:
+        seen = {id(p) for p in first_reads}
+        order = first_reads + [p for p in self._order if id(p) not in seen]
+        if [id(p) for p in order] != [id(p) for p in self._order]:
             self._order = order
             self._layouts = self._build_layouts(self._layouts_partition())
             self._scheduler.policy.bind(self._layouts)
@@ -553,7 +567,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if ticket is not None:
                 self._cuda_stream = ticket.stream
             finish = self._block_done(p, view, ctx, write_back, left, ticket) \
-                if write_back or self._overlap or ticket is not None else None
+                if write_back or self._overlap or ticket is not None or self._amplify else None
             items.append(Item(block.key, 0, block, payload if ticket is None else ticket.sendable,
                               finish, context=ticket))
         self._queued.add(p)
@@ -578,6 +592,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         every block of ``p`` is reduced, let the updater apply ``p``'s update (overlap).  CUDA
         work is queued on the stream that produced the gradient (``device.py``, rule 2)."""
         def finish(output: torch.Tensor) -> None:
+            self._amplify()
             with (nullcontext(output) if ticket is None
                   else CudaTransfer.receiving(ticket, output)) as result:
                 if write_back:
@@ -590,6 +605,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return finish
 
     def _submit_item(self, item: Item) -> int:
+        self._amplify()
         if self._op == hvd.Average:
             prescale = 1.0 / self._gradient_predivide_factor
             postscale = self._gradient_predivide_factor
@@ -646,6 +662,23 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if self._profiler.done:
                 self._install_plan()
 
+    def _amplified(self, call):
+        """``call`` behind a race-amplifier sleep (completion thread: polls and collects)."""
+        def amplified(*args, **kwargs):
+            self._amplify()
+            return call(*args, **kwargs)
+        return amplified
+
+    def _wait_for_reads(self, params: list) -> None:
+        """The read guard's wait: ``params`` are about to be read while their update is owed."""
+        try:
+            self._updater.wait(params)
+        except (SchedulerError, comm.HorovodInternalError) as exc:
+            if self._elastic or comm.is_initialized():
+                raise
+            raise SchedulerError(_SHUTDOWN_IN_FLIGHT) from exc
+        follow(self._cuda_stream)
+
     def apply_pending_updates(self) -> None:
         """Block until every update owed by the last ``step()`` is applied.
 
@@ -693,7 +726,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._send_rest()
             self._synchronized = False
             self._step_in_flight = True
-            self._updater.step(self._requires_update)
+            unguarded = self._updater.step(self._requires_update)
+            if unguarded:                   # no read guard for their class: update them now
+                self._wait_for_reads(unguarded)
             return None
         if self._should_synchronize:
             self.synchronize()
@@ -754,6 +789,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return list(self._scheduler.submitted_names) if self._enabled else []
 
 
+def _horovod_local_step_module() -> str:
+    """The ``__module__`` for which ``hvd.broadcast_optimizer_state`` runs a local ``step()``.
+
+    Horovod compares the optimizer's ``__module__`` with that of the ``DistributedOptimizer``
+    it imports from ``horovod.torch.optimizer`` at call time.  Reading ``hvd.DistributedOptimizer``
+    instead would break the drop-in swap ``hvd.DistributedOptimizer = dcredit_hvd.DistributedOptimizer``
+    (ours would then name our own module, Horovod would run our collective ``step()`` on the
+    ranks with empty state only, and the job would deadlock).
+    """
+    import horovod.torch.optimizer as horovod_optimizer
+    return horovod_optimizer.DistributedOptimizer.__module__
+
+
 def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          named_parameters: Optional[Iterable[tuple[str, torch.Tensor]]] = None,
                          compression: Any = hvd.Compression.none,
@@ -775,7 +823,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          profile_warmup: Optional[int] = None,
                          profile_steps: Optional[int] = None,
                          profile_out: Optional[str] = None,
-                         cuda_staging: Optional[bool] = None):
+                         cuda_staging: Optional[bool] = None,
+                         race_amplifier: Optional[float] = None):
     """Wrap ``optimizer`` so its gradients are all-reduced by the scheduler.
 
     Arguments up to ``process_set`` are ``hvd.DistributedOptimizer``'s, with the same defaults
@@ -795,6 +844,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     * ``cuda_staging``: CUDA gradients go through pinned host memory and Horovod's CPU
       operations (True), or to Horovod as CUDA tensors (False); default: staged only when
       Horovod has no GPU operations.  ``DCREDIT_CUDA_STAGING``.
+    * ``race_amplifier``: seconds; for tests, random sleeps up to this long in the background
+      thread and the overlapped updates, so that ordering bugs show (``amplifier.py``).
+      ``DCREDIT_RACE_AMPLIFIER``.
     """
     if gradient_predivide_factor != 1.0:
         if op != hvd.Average:
@@ -824,14 +876,15 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                                      stall_seconds=stall_seconds,
                                      stall_abort_seconds=stall_abort_seconds,
                                      profile_warmup=profile_warmup, profile_steps=profile_steps,
-                                     profile_out=profile_out, cuda_staging=cuda_staging)
+                                     profile_out=profile_out, cuda_staging=cuda_staging,
+                                     race_amplifier=race_amplifier)
     base = optimizer.__class__
     namespace = dict(_DistributedOptimizer.__dict__)
     namespace["_dcredit_base"] = base
     # Horovod's broadcast_optimizer_state runs the *local* step() of optimizers whose module is
     # horovod.torch.optimizer, and the distributed one (a collective) otherwise; a local step is
     # what it needs, so the generated class declares that module, as Horovod's own does.
-    namespace["__module__"] = hvd.DistributedOptimizer.__module__
+    namespace["__module__"] = _horovod_local_step_module()
     cls = type(base.__name__, (base,), namespace)
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
                op, gradient_predivide_factor, sparse_as_dense, process_set, model, config)

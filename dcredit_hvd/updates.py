@@ -11,14 +11,20 @@ the same class that shares the optimizer's ``state``, ``defaults`` and hooks but
 when ``step()`` was called (an LR scheduler stepping meanwhile changes the next iteration only).
 Every ``torch.optim`` optimizer except LBFGS updates each parameter from its own gradient and
 state alone, so updating parameters one batch at a time gives the same result as one ``step()``.
+
+From ``step()`` until its update is applied, each parameter is held by the read guard
+(``readguard``): any read of it, in the forward pass or outside it, waits for the update.
 """
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
+from contextlib import nullcontext
 from typing import Any, Callable, Optional
 
 import torch
+
+from .readguard import ReadGuard
 
 
 class ParameterUpdater:
@@ -26,11 +32,15 @@ class ParameterUpdater:
     as gradients arrive, and lets readers (forward hooks, ``state_dict``) wait for them."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, base: type,
-                 check: Callable[[], None]) -> None:
+                 check: Callable[[], None], guard: Optional[ReadGuard] = None,
+                 jitter: Callable[[], None] = lambda: None) -> None:
         self._opt = optimizer
         self._base = base
         self._check = check                      # re-raises communication-thread errors
-        self._cond = threading.Condition(threading.Lock())
+        self._guard = guard
+        self._jitter = jitter                    # the race amplifier (config.race_amplifier)
+        # Re-entrant: a read guard wait may come from a thread that already holds it.
+        self._cond = threading.Condition(threading.RLock())
         self._group_of = {p: i for i, g in enumerate(optimizer.param_groups) for p in g["params"]}
         self._snapshot: list[dict[str, Any]] = []
         self._owed: set = set()                  # stepped, not yet updated
@@ -43,22 +53,32 @@ class ParameterUpdater:
     def reduced(self, p: torch.Tensor) -> None:
         """``p``'s gradient is fully reduced (completion thread)."""
         with self._cond:
+            if self._failed is not None:
+                return
             if self._stepping and p in self._owed:
                 self._apply([p])
             else:
                 self._reduced.add(p)
 
-    def step(self, params: Iterable[torch.Tensor]) -> None:
-        """``step()`` was called: ``params`` owe an update; apply those already reduced."""
+    def step(self, params: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+        """``step()`` was called: ``params`` owe an update; apply those already reduced.
+
+        Returns the parameters the read guard cannot hold (their class defines its own
+        ``__torch_function__``): the caller must ``wait`` for them before returning to the user.
+        """
+        params = list(params)
         with self._cond:
             self._snapshot = [{k: v for k, v in g.items() if k != "params"}
                               for g in self._opt.param_groups]
+            # Held before they are owed: no reader can see "not held" while an update is owed.
+            unguarded = self._guard.hold(params) if self._guard is not None else []
             self._owed = set(params)
             self._stepping = True
-            ready = [p for p in self._owed if p in self._reduced]
+            ready = [p for p in params if p in self._reduced]
             self._reduced.clear()
             if ready:
                 self._apply(ready)
+        return unguarded
 
     def zero_grad(self, args: tuple, kwargs: dict) -> None:
         """``zero_grad`` now for parameters already updated, after their update for the rest."""
@@ -89,6 +109,8 @@ class ParameterUpdater:
 
     def reset(self) -> None:
         with self._cond:
+            if self._guard is not None:
+                self._guard.release_all()
             self._owed.clear()
             self._reduced.clear()
             self._stepping = False
@@ -111,21 +133,29 @@ class ParameterUpdater:
         for p in params:
             by_group.setdefault(self._group_of[p], []).append(p)
         shadow = self._shadow(sorted(by_group.items()))
+        self._jitter()
         try:
-            self._base.step(shadow)
+            with self._applying():
+                self._base.step(shadow)
+                if self._zero is not None:
+                    args, kwargs = self._zero
+                    self._base.zero_grad(shadow, *args, **kwargs)
         except BaseException as exc:
-            # Nothing owed can be applied any more: every waiter raises instead of hanging.
+            # Nothing owed can be applied any more: every waiter raises instead of hanging, and
+            # the parameters stay owed (and held), so no later read sees them un-updated.
             self._failed = exc
-            self._owed.clear()
             self._cond.notify_all()
             raise
-        if self._zero is not None:
-            args, kwargs = self._zero
-            self._base.zero_grad(shadow, *args, **kwargs)
         self._owed.difference_update(params)
+        if self._guard is not None:
+            self._guard.release(params)
         if not self._owed:
             self._zero = None
+        self._jitter()
         self._cond.notify_all()
+
+    def _applying(self):
+        return self._guard.applying() if self._guard is not None else nullcontext()
 
     def _shadow(self, groups: list[tuple[int, list[torch.Tensor]]], plain: bool = False) -> Any:
         """An instance of the user's class sharing this optimizer's state, over ``groups``."""
