@@ -86,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
 
     hvd.init()
     torch.set_num_threads(1)
+    # Synthetic data turns some values subnormal after a few steps, and CPU arithmetic on them is
+    # several times slower (GPUs flush them by default): every benchmark flushes them.
+    flushes = torch.set_flush_denormal(True)
     rank0 = hvd.rank() == 0
     cuda = args.device == "cuda"
     meter = None
@@ -150,6 +153,11 @@ def main(argv: list[str] | None = None) -> int:
     log(f"Batch size: {args.batch_size}")
     log(f"Number of {device}s: {hvd.size()}")
     log(f"Policies: {', '.join(args.policies)} (one after another in this launch)")
+    hosts = hvd.allgather_object(platform.node())
+    log(f"Hosts: {', '.join(f'rank {r} on {h}' for r, h in enumerate(hosts))}")
+    log(f"All-reduce: {collective_algorithm()}")
+    log("Subnormals flushed to zero (torch.set_flush_denormal)" if flushes else
+        "WARNING: this CPU cannot flush subnormals; synthetic data may slow down after a few steps")
     if cuda:
         placements = hvd.allgather_object((hvd.rank(), gpu_identity["host"], str(target_device),
                                            torch.cuda.get_device_name(target_device)))
@@ -257,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
                                "parameters": n_params, "fp16_allreduce": args.fp16_allreduce,
                                "machine": platform.platform(), "started": time.time(),
                                "device": args.device, "energy": energy_note(meter),
-                               "policies": {}}
+                               "hosts": hosts, "allreduce": collective_algorithm(),
+                               "flush_denormal": flushes, "policies": {}}
     if not args.no_bounds:
         results["compute"] = timed_run("compute only", training_step("compute"))
         results["communication"] = timed_run("communication only", communication_step)
@@ -316,21 +325,50 @@ def energy_note(meter: Any) -> dict[str, Any] | None:
     return {"scope": ENERGY_SCOPE, "meter_rank0": meter.describe(), "available": meter.available}
 
 
+def collective_algorithm() -> str:
+    """Which all-reduce Horovod's MPI operations run (Open MPI's tuned component), as set by
+    ``--mca coll_tuned_allreduce_algorithm`` or its ``OMPI_MCA_`` variable."""
+    names = {"0": "default decision", "1": "basic linear", "2": "nonoverlapping",
+             "3": "recursive doubling", "4": "ring", "5": "segmented ring", "6": "Rabenseifner"}
+    algorithm = os.environ.get("OMPI_MCA_coll_tuned_allreduce_algorithm")
+    dynamic = os.environ.get("OMPI_MCA_coll_tuned_use_dynamic_rules", "0") not in ("0", "false")
+    if algorithm is None or not dynamic:
+        return "Open MPI's default decision (fixed rules)"
+    return f"Open MPI coll_tuned_allreduce_algorithm {algorithm} ({names.get(algorithm, '?')})"
+
+
+def interface_address(name: str) -> str:
+    """The IPv4 address of network interface ``name`` (Linux SIOCGIFADDR)."""
+    import fcntl
+    import socket
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            packed = fcntl.ioctl(sock.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))
+        except OSError as exc:
+            raise RuntimeError(f"GLOO_SOCKET_IFNAME={name!r}: no IPv4 address on that interface "
+                               f"({exc}); set it to the interface the hosts share") from exc
+    return socket.inet_ntoa(packed[20:24])
+
+
 def init_gloo_process_group(hvd: Any) -> None:
     """torch.distributed over Gloo in the same processes, for the ``ddp`` baseline: rank 0
-    picks a free port on loopback and tells the others through Horovod."""
+    picks a free port on its address on ``GLOO_SOCKET_IFNAME`` (loopback when unset: one
+    host) and tells the others through Horovod."""
     import socket
 
     import torch.distributed as dist
 
-    port = None
+    iface = os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    where = None
     if hvd.rank() == 0:
+        address = "127.0.0.1" if iface == "lo" else interface_address(iface)
         with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-    port = hvd.broadcast_object(port, root_rank=0, name="bench.ddp.port")
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=hvd.rank(),
+            sock.bind((address, 0))
+            where = (address, sock.getsockname()[1])
+    address, port = hvd.broadcast_object(where, root_rank=0, name="bench.ddp.port")
+    dist.init_process_group("gloo", init_method=f"tcp://{address}:{port}", rank=hvd.rank(),
                             world_size=hvd.size())
 
 
@@ -376,27 +414,32 @@ def simulator_check(results: dict[str, Any], optimizers: dict[str, Any],
 def print_table(results: dict[str, Any]) -> None:
     policies = results["policies"]
     base = policies.get("horovod", {}).get("seconds_per_iteration")
+    ddp = policies.get("ddp", {}).get("seconds_per_iteration")
     bound = None
+    print(f"\n{results.get('ranks', '?')} ranks on {', '.join(results.get('hosts', ['?']))}; all-reduce: "
+          f"{results.get('allreduce', '?')} (ddp: Gloo's); subnormals flushed: "
+          f"{results.get('flush_denormal')}")
     if "compute" in results:
         bound = max(results["compute"]["seconds_per_iteration"],
                     results["communication"]["seconds_per_iteration"])
-        print(f"\ncompute only {results['compute']['seconds_per_iteration'] * 1e3:.1f} ms, "
+        print(f"compute only {results['compute']['seconds_per_iteration'] * 1e3:.1f} ms, "
               f"communication only {results['communication']['seconds_per_iteration'] * 1e3:.1f} ms, "
               f"lower bound max(compute, communication) {bound * 1e3:.1f} ms")
     simulated = results.get("simulated", {})
-    print(f"\n{'policy':<15}{'ms/iter':>10}{'img/sec':>10}{'speedup vs horovod':>20}"
+    print(f"\n{'policy':<15}{'ms/iter':>10}{'img/sec':>10}{'vs horovod':>12}{'vs ddp':>9}"
           f"{'x lower bound':>15}{'simulated ms':>14}{'error':>8}{'energy J/iter':>15}")
     for name, r in policies.items():
         t = r["seconds_per_iteration"]
         speedup = f"{base / t:.2f}x" if base else "-"
+        over_ddp = f"{ddp / t:.2f}x" if ddp else "-"
         ratio = f"{t / bound:.2f}" if bound else "-"
         sim = simulated.get(name)
         predicted = f"{sim['predicted'] * 1e3:.1f}" if sim else "-"
         error = f"{sim['error_percent']:+.0f}%" if sim else "-"
         joules = r.get("energy_j_per_iter")
         energy = "n/a" if joules is None else f"{joules:.2f}"
-        print(f"{name:<15}{t * 1e3:>10.1f}{r['img_sec_mean']:>10.1f}{speedup:>20}{ratio:>15}"
-              f"{predicted:>14}{error:>8}{energy:>15}")
+        print(f"{name:<15}{t * 1e3:>10.1f}{r['img_sec_mean']:>10.1f}{speedup:>12}{over_ddp:>9}"
+              f"{ratio:>15}{predicted:>14}{error:>8}{energy:>15}")
     note = results.get("energy")
     if note is None:
         print("energy J/iter: n/a on --device cpu (GPU energy only, with --device cuda)")

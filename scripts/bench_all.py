@@ -1,14 +1,20 @@
 #!/usr/bin/env python3
-"""`make bench`: every policy on the zoo models at several emulated bandwidths, 2 ranks.
+"""`make bench`: every policy on the zoo models, on virtual clusters of 2 and 4 hosts.
 
-Each (model, bandwidth) is one launch of ``python -m dcredit_hvd.bench`` under
-``scripts/netshape.sh RATE -- mpirun -np 2 ...`` (all policies side by side in that launch);
-the JSON results land in ``results/bench/`` and this script then writes
-``results/bench/benchmarks.md`` (tables ready for ``docs/benchmarks.md``) and PNG plots.
+Each (model, hosts, bandwidth) is one launch of ``python -m dcredit_hvd.bench`` under
+``scripts/vcluster.sh N RATE -- mpirun -np N -H h0,...`` (one rank per host, each host's NIC
+shaped to RATE in both directions; all policies side by side in that launch); the JSON results
+land in ``results/bench/`` and this script then writes ``results/bench/benchmarks.md`` (tables
+ready for ``docs/benchmarks.md``) and PNG plots.
+
+The all-reduce algorithm is fixed per cluster size, for every policy and the lower bound alike
+(``ALGORITHM``): the fastest Open MPI algorithm measured for a 24 MiB ``hvd.allreduce`` on that
+cluster (``scripts/allreduce_probe.py``; ``ddp`` runs Gloo's own). Subnormals are flushed
+(``dcredit_hvd.bench``).
 
 The models keep their exact parameter shapes (so the bytes communicated are the real ones) but
 run on small inputs so one CPU core per rank computes an iteration in about a second; the inputs
-are part of each table's heading.  ``--quick`` runs one bandwidth and fewer iterations.
+are part of each table's heading.  ``--quick`` runs one bandwidth, 2 hosts, fewer iterations.
 """
 from __future__ import annotations
 
@@ -27,55 +33,76 @@ MODELS = {
     "resnet50": ("resnet50", {"image_size": 64}, 8, "ResNet-50 (25.6 M params), 64x64 images, batch 8"),
     "vgg16": ("vgg16", {"image_size": 32, "pool_size": 1}, 8,
               "VGG-16 convolutions with a 1x1-pooled classifier (37.7 M params), 32x32 images, batch 8"),
-    "gpt2_small": ("gpt2_small", {"seq_len": 64, "layers": 4}, 2,
+    "gpt2_small": ("gpt2_small", {"seq_len": 32, "layers": 4}, 2,
                    "GPT-2 small's embedding, head and blocks, 4 of its 12 layers (67.7 M params), "
-                   "64 tokens, batch 2"),
+                   "32 tokens, batch 2"),
+    "gpt_tied": ("gpt2_small", {"vocab": 8192, "ctx": 128, "seq_len": 128, "d": 256, "layers": 8,
+                                "heads": 8}, 4,
+                 "GPT-style transformer, tied embedding, d=256, 8 layers, vocab 8192 (8.4 M "
+                 "params in 100 tensors, 75 of them under 100 k elements), 128 tokens, batch 4"),
 }
+#: Open MPI all-reduce per host count (coll_tuned_allreduce_algorithm), measured fastest for a
+#: 24 MiB hvd.allreduce at 1 Gbit/s: recursive doubling (3) on 2 hosts (one exchange of the
+#: whole vector: 1.08x what the link needs), ring (4) on 4 (1.62x; recursive doubling needs
+#: log2(4) = 2 full exchanges and measured 3.0x). Open MPI's default decision took 1.5x and 2.5x.
+ALGORITHM = {2: 3, 4: 4}
 
 
-def run(model: str, rate: str, iters: int, out: Path) -> Path:
+def hosts_of(n: int) -> str:
+    return ",".join(f"h{i}" for i in range(n))
+
+
+def run(model: str, n: int, rate: str, iters: int, out: Path) -> Path:
     zoo_name, options, batch, _ = MODELS[model]
-    result = out / f"{model}-{rate}.json"
+    result = out / f"{model}-{n}h-{rate}.json"
     venv_python = os.environ.get("PYTHON", str(ROOT / ".venv" / "bin" / "python"))
-    cmd = [str(ROOT / "scripts" / "netshape.sh"), rate, "--",
-           "timeout", "-k", "10", "3600", "mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none",
-           "--map-by", "slot", "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "lo",
-           "--mca", "oob_tcp_if_include", "lo", "-x", "PATH",
+    algorithm = ["--mca", "coll_tuned_use_dynamic_rules", "1",
+                 "--mca", "coll_tuned_allreduce_algorithm", str(ALGORITHM[n])] \
+        if n in ALGORITHM else []
+    cmd = [str(ROOT / "scripts" / "vcluster.sh"), str(n), rate, "--",
+           "timeout", "-k", "10", "3600", "mpirun", "-np", str(n), "-H", hosts_of(n),
+           "--bind-to", "none", *algorithm,
+           "-x", "PATH", "-x", "DCREDIT_LOG_LEVEL", "-x", "GLOO_SOCKET_IFNAME",
            venv_python, "-m", "dcredit_hvd.bench", "--model", zoo_name, "--batch-size", str(batch),
            "--num-warmup-batches", "2", "--num-batches-per-iter", "2", "--num-iters", str(iters),
            "--policy", POLICIES, "--json", str(result)]
     for key, value in options.items():
         cmd += ["--model-arg", f"{key}={value}"]
-    print(f"[bench] {model} at {rate}: {' '.join(cmd)}", flush=True)
+    print(f"[bench] {model} on {n} hosts at {rate}: {' '.join(cmd)}", flush=True)
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                DCREDIT_LOG_LEVEL=os.environ.get("DCREDIT_LOG_LEVEL", "INFO"))
     started = time.time()
     subprocess.run(cmd, check=True, env=env, cwd=ROOT)
-    print(f"[bench] {model} at {rate} took {time.time() - started:.0f} s", flush=True)
+    print(f"[bench] {model} on {n} hosts at {rate} took {time.time() - started:.0f} s", flush=True)
     return result
 
 
 def table(data: dict) -> str:
     policies = data["policies"]
     base = policies.get("horovod", {}).get("seconds_per_iteration")
+    ddp = policies.get("ddp", {}).get("seconds_per_iteration")
     bound = max(data["compute"]["seconds_per_iteration"],
                 data["communication"]["seconds_per_iteration"])
     simulated = data.get("simulated", {})
-    lines = [f"compute only {data['compute']['seconds_per_iteration'] * 1e3:.0f} ms, communication "
+    lines = [f"{data['ranks']} ranks on {', '.join(data.get('hosts', ['?']))}; all-reduce: "
+             f"{data.get('allreduce', '?')} (ddp: Gloo's); subnormals flushed: "
+             f"{data.get('flush_denormal', '?')}", "",
+             f"compute only {data['compute']['seconds_per_iteration'] * 1e3:.0f} ms, communication "
              f"only {data['communication']['seconds_per_iteration'] * 1e3:.0f} ms, lower bound "
              f"{bound * 1e3:.0f} ms", "",
-             "| policy | ms / iteration | img/s per rank (mean +- 1.96 std) | speedup over horovod "
-             "| x lower bound | simulated ms | simulator error |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+             "| policy | ms / iteration | img/s per rank (mean +- 1.96 std) | x lower bound "
+             "| speed-up over horovod | over ddp | simulated ms | simulator error |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name, r in policies.items():
         t = r["seconds_per_iteration"]
         sim = simulated.get(name)
-        lines.append(
-            f"| {name} | {t * 1e3:.1f} | {r['img_sec_mean']:.1f} +- {r['img_sec_conf']:.1f} | "
-            f"{base / t:.2f}x | {t / bound:.2f} | "
-            f"{sim['predicted'] * 1e3:.1f} | {sim['error_percent']:+.1f}% |" if sim else
-            f"| {name} | {t * 1e3:.1f} | {r['img_sec_mean']:.1f} +- {r['img_sec_conf']:.1f} | "
-            f"{base / t:.2f}x | {t / bound:.2f} | - | - |")
+        over_h = f"{base / t:.2f}x" if base else "-"
+        over_d = f"{ddp / t:.2f}x" if ddp else "-"
+        sim_cells = f"{sim['predicted'] * 1e3:.1f} | {sim['error_percent']:+.1f}%" if sim \
+            else "- | -"
+        lines.append(f"| {name} | {t * 1e3:.1f} | {r['img_sec_mean']:.1f} +- "
+                     f"{r['img_sec_conf']:.1f} | {t / bound:.2f} | {over_h} | {over_d} | "
+                     f"{sim_cells} |")
     return "\n".join(lines)
 
 
@@ -86,16 +113,16 @@ def plot(results: list[tuple[str, str, dict]], out: Path) -> list[Path]:
 
     paths = []
     for model in sorted({m for m, _, _ in results}):
-        rows = [(rate, data) for m, rate, data in results if m == model]
+        rows = [(where, data) for m, where, data in results if m == model]
         fig, axes = plt.subplots(1, len(rows), figsize=(5 * len(rows), 3.6), squeeze=False)
-        for ax, (rate, data) in zip(axes[0], rows):
+        for ax, (where, data) in zip(axes[0], rows):
             names = list(data["policies"])
             times = [data["policies"][n]["seconds_per_iteration"] * 1e3 for n in names]
             bound = max(data["compute"]["seconds_per_iteration"],
                         data["communication"]["seconds_per_iteration"]) * 1e3
             ax.bar(names, times, color=["#888" if n in ("horovod", "ddp") else "#2a7" for n in names])
             ax.axhline(bound, color="red", linestyle="--", label="lower bound")
-            ax.set_title(f"{model}, {rate}")
+            ax.set_title(f"{model}, {where}")
             ax.set_ylabel("ms / iteration")
             ax.tick_params(axis="x", rotation=45)
             ax.legend(fontsize=8)
@@ -111,28 +138,38 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--rates", default="1gbit,5gbit")
-    parser.add_argument("--iters", type=int, default=4)
-    parser.add_argument("--quick", action="store_true", help="1gbit only, 2 iterations")
+    parser.add_argument("--hosts", default="2,4", help="cluster sizes, e.g. 2,4")
+    parser.add_argument("--rates", default="1gbit,10gbit")
+    parser.add_argument("--iters", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="2 hosts, 1gbit, 2 iterations")
     parser.add_argument("--out", default=str(ROOT / "results" / "bench"))
     parser.add_argument("--report-only", action="store_true",
                         help="rewrite the report and plots from existing JSON files")
     args = parser.parse_args(argv)
+    models = args.models.split(",")
+    unknown = [m for m in models if m not in MODELS]
+    if unknown:
+        parser.error(f"--models: unknown {', '.join(unknown)}; choose from {', '.join(MODELS)}")
+    try:
+        host_counts = [int(h) for h in ("2" if args.quick else args.hosts).split(",")]
+    except ValueError:
+        parser.error(f"--hosts {args.hosts!r}: expected host counts such as 2,4")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rates = ["1gbit"] if args.quick else args.rates.split(",")
     iters = 2 if args.quick else args.iters
     results = []
-    for model in args.models.split(","):
+    for model in models:
         for rate in rates:
-            path = out / f"{model}-{rate}.json"
-            if not args.report_only:
-                run(model, rate, iters, out)
-            if path.exists():
-                results.append((model, rate, json.loads(path.read_text())))
+            for n in host_counts:
+                path = out / f"{model}-{n}h-{rate}.json"
+                if not args.report_only:
+                    run(model, n, rate, iters, out)
+                if path.exists():
+                    results.append((model, f"{n} hosts, {rate}", json.loads(path.read_text())))
     sections = ["# Benchmark tables (generated by `make bench`)", ""]
-    for model, rate, data in results:
-        sections += [f"## {MODELS[model][3]}, 2 ranks, emulated {rate}", "", table(data), ""]
+    for model, where, data in results:
+        sections += [f"## {MODELS[model][3]}, {where} (virtual cluster)", "", table(data), ""]
     for png in plot(results, out):
         sections.append(f"![{png.stem}]({png.name})")
     (out / "benchmarks.md").write_text("\n".join(sections) + "\n")
