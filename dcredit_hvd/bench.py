@@ -275,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     for policy in args.policies:
         results["policies"][policy] = timed_run(policy, training_step(policy))
     results["simulated"] = simulator_check(results, optimizers, args)
+    results["link"] = link_need(n_params * (2 if args.fp16_allreduce else 4), hvd.size(),
+                                os.environ.get("VCLUSTER_RATE"))
 
     if rank0:
         print_table(results)
@@ -335,6 +337,27 @@ def collective_algorithm() -> str:
     if algorithm is None or not dynamic:
         return "Open MPI's default decision (fixed rules)"
     return f"Open MPI coll_tuned_allreduce_algorithm {algorithm} ({names.get(algorithm, '?')})"
+
+
+def link_need(nbytes: int, ranks: int, rate: str | None) -> dict[str, Any] | None:
+    """What the links need for one iteration's all-reduce of ``nbytes`` over ``ranks`` hosts,
+    each with a full-duplex NIC of ``rate`` (tc bit units, from scripts/vcluster.sh): every host
+    sends and receives 2 (P-1)/P x nbytes in a ring or Rabenseifner all-reduce (the least any
+    all-reduce needs), log2(P) x nbytes in recursive doubling. None off the virtual cluster."""
+    import math
+    import re
+
+    m = re.fullmatch(r"([0-9.]+)(bit|kbit|mbit|gbit|tbit)", (rate or "").lower())
+    if m is None or ranks < 2:
+        return None
+    bytes_per_s = float(m.group(1)) * {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9,
+                                       "tbit": 1e12}[m.group(2)] / 8
+    algorithm = os.environ.get("OMPI_MCA_coll_tuned_allreduce_algorithm")
+    doubling = "recursive doubling" in collective_algorithm()
+    factor = math.log2(ranks) if doubling else 2 * (ranks - 1) / ranks
+    return {"rate": rate, "bytes": nbytes, "algorithm": algorithm,
+            "seconds": factor * nbytes / bytes_per_s,
+            "bandwidth_optimal_seconds": 2 * (ranks - 1) / ranks * nbytes / bytes_per_s}
 
 
 def interface_address(name: str) -> str:
@@ -425,6 +448,11 @@ def print_table(results: dict[str, Any]) -> None:
         print(f"compute only {results['compute']['seconds_per_iteration'] * 1e3:.1f} ms, "
               f"communication only {results['communication']['seconds_per_iteration'] * 1e3:.1f} ms, "
               f"lower bound max(compute, communication) {bound * 1e3:.1f} ms")
+    link = results.get("link")
+    if link:
+        print(f"the links ({link['rate']} full duplex per host) need {link['seconds'] * 1e3:.1f} ms "
+              f"per iteration for {link['bytes'] / 1e6:.1f} MB under this all-reduce "
+              f"(bandwidth-optimal all-reduce: {link['bandwidth_optimal_seconds'] * 1e3:.1f} ms)")
     simulated = results.get("simulated", {})
     print(f"\n{'policy':<15}{'ms/iter':>10}{'img/sec':>10}{'vs horovod':>12}{'vs ddp':>9}"
           f"{'x lower bound':>15}{'simulated ms':>14}{'error':>8}{'energy J/iter':>15}")

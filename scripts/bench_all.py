@@ -89,7 +89,9 @@ def table(data: dict) -> str:
              f"{data.get('flush_denormal', '?')}", "",
              f"compute only {data['compute']['seconds_per_iteration'] * 1e3:.0f} ms, communication "
              f"only {data['communication']['seconds_per_iteration'] * 1e3:.0f} ms, lower bound "
-             f"{bound * 1e3:.0f} ms", "",
+             f"{bound * 1e3:.0f} ms" + (
+                 f"; the links need {data['link']['seconds'] * 1e3:.0f} ms for the gradients under "
+                 f"this all-reduce" if data.get("link") else ""), "",
              "| policy | ms / iteration | img/s per rank (mean +- 1.96 std) | x lower bound "
              "| speed-up over horovod | over ddp | simulated ms | simulator error |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
