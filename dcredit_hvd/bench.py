@@ -274,9 +274,9 @@ def main(argv: list[str] | None = None) -> int:
         init_gloo_process_group(hvd)
     for policy in args.policies:
         results["policies"][policy] = timed_run(policy, training_step(policy))
-    results["simulated"] = simulator_check(results, optimizers, args)
     results["link"] = link_need(n_params * (2 if args.fp16_allreduce else 4), hvd.size(),
                                 os.environ.get("VCLUSTER_RATE"))
+    results["simulated"] = simulator_check(results, optimizers, args)
 
     if rank0:
         print_table(results)
@@ -410,6 +410,7 @@ def simulator_check(results: dict[str, Any], optimizers: dict[str, Any],
     if measured is None:
         return {}
     profile, cost = measured
+    network = network_model(cost, results.get("link"))
     out = {}
     for name, run in results["policies"].items():
         base = name.removesuffix("-sync")
@@ -431,7 +432,23 @@ def simulator_check(results: dict[str, Any], optimizers: dict[str, Any],
         actual = run["seconds_per_iteration"]
         out[name] = {"predicted": predicted, "measured": actual,
                      "error_percent": 100.0 * (predicted - actual) / actual}
+        if network is not None:
+            if isinstance(policy, DCredit):     # a fresh copy: simulate() binds the policy
+                policy = DCredit(optimizers[name].plan, overlap_forward=overlap)
+            link = simulator.simulate(profile, network, policy, **kwargs).iteration_s
+            out[name].update(predicted_link=link, error_link_percent=100.0 * (link - actual) / actual)
     return out
+
+
+def network_model(cost: Any, link: dict[str, Any] | None) -> Any:
+    """The simulator's network model of the virtual cluster: the links' seconds per byte under
+    the run's all-reduce (``link_need``), with the live model's startup ``a`` (on this CPU
+    mostly Horovod's cycle, not the wire). None off the virtual cluster."""
+    from dcredit_hvd.costmodel import CostModel
+
+    if link is None:
+        return None
+    return CostModel(a=cost.a, b=link["seconds"] / link["bytes"])
 
 
 def print_table(results: dict[str, Any]) -> None:
@@ -455,7 +472,8 @@ def print_table(results: dict[str, Any]) -> None:
               f"(bandwidth-optimal all-reduce: {link['bandwidth_optimal_seconds'] * 1e3:.1f} ms)")
     simulated = results.get("simulated", {})
     print(f"\n{'policy':<15}{'ms/iter':>10}{'img/sec':>10}{'vs horovod':>12}{'vs ddp':>9}"
-          f"{'x lower bound':>15}{'simulated ms':>14}{'error':>8}{'energy J/iter':>15}")
+          f"{'x lower bound':>15}{'simulated ms':>14}{'error':>8}{'link model':>12}{'error':>8}"
+          f"{'energy J/iter':>15}")
     for name, r in policies.items():
         t = r["seconds_per_iteration"]
         speedup = f"{base / t:.2f}x" if base else "-"
@@ -464,10 +482,14 @@ def print_table(results: dict[str, Any]) -> None:
         sim = simulated.get(name)
         predicted = f"{sim['predicted'] * 1e3:.1f}" if sim else "-"
         error = f"{sim['error_percent']:+.0f}%" if sim else "-"
+        on_link = f"{sim['predicted_link'] * 1e3:.1f}" if sim and "predicted_link" in sim else "-"
+        link_error = f"{sim['error_link_percent']:+.0f}%" if sim and "predicted_link" in sim else "-"
         joules = r.get("energy_j_per_iter")
         energy = "n/a" if joules is None else f"{joules:.2f}"
         print(f"{name:<15}{t * 1e3:>10.1f}{r['img_sec_mean']:>10.1f}{speedup:>12}{over_ddp:>9}"
-              f"{ratio:>15}{predicted:>14}{error:>8}{energy:>15}")
+              f"{ratio:>15}{predicted:>14}{error:>8}{on_link:>12}{link_error:>8}{energy:>15}")
+    print("simulated: the simulator on the profile and live cost model dcredit measured; link "
+          "model: the same with the links' seconds per byte under this all-reduce")
     note = results.get("energy")
     if note is None:
         print("energy J/iter: n/a on --device cpu (GPU energy only, with --device cuda)")

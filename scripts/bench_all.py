@@ -93,8 +93,9 @@ def table(data: dict) -> str:
                  f"; the links need {data['link']['seconds'] * 1e3:.0f} ms for the gradients under "
                  f"this all-reduce" if data.get("link") else ""), "",
              "| policy | ms / iteration | img/s per rank (mean +- 1.96 std) | x lower bound "
-             "| speed-up over horovod | over ddp | simulated ms | simulator error |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| speed-up over horovod | over ddp | simulated ms | simulator error "
+             "| link-model ms | link-model error |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, r in policies.items():
         t = r["seconds_per_iteration"]
         sim = simulated.get(name)
@@ -102,6 +103,8 @@ def table(data: dict) -> str:
         over_d = f"{ddp / t:.2f}x" if ddp else "-"
         sim_cells = f"{sim['predicted'] * 1e3:.1f} | {sim['error_percent']:+.1f}%" if sim \
             else "- | -"
+        sim_cells += (f" | {sim['predicted_link'] * 1e3:.1f} | {sim['error_link_percent']:+.1f}%"
+                      if sim and "predicted_link" in sim else " | - | -")
         lines.append(f"| {name} | {t * 1e3:.1f} | {r['img_sec_mean']:.1f} +- "
                      f"{r['img_sec_conf']:.1f} | {t / bound:.2f} | {over_h} | {over_d} | "
                      f"{sim_cells} |")
