@@ -7,6 +7,7 @@ editing this file only.  Public ``horovod.torch`` API only: Horovod is never pat
 from __future__ import annotations
 
 import itertools
+import os
 import pickle
 import threading
 import time
@@ -14,6 +15,9 @@ from typing import Any, Callable, Optional
 
 import horovod.torch as hvd
 import torch
+
+from . import liveness
+from .scheduler import PeerLostError
 
 #: The reduction ops, re-exported so no other module needs Horovod for them.
 AVERAGE = hvd.Average
@@ -132,6 +136,8 @@ def wait(handle: int, poll_seconds: float = 0.0002) -> torch.Tensor:
     """
     while not poll(handle):
         time.sleep(poll_seconds)
+        if _channels:
+            raise_if_peer_lost()
     return collect(handle)
 
 
@@ -188,3 +194,42 @@ def allgather_object(obj: Any, process_set: Any = None, name: Optional[str] = No
     words[offsets[me]:offsets[me + 1]] = mine
     words = _sum(words, f"{prefix}.data", process_set)
     return [_from_words(words[offsets[r]:offsets[r + 1]]) for r in range(ranks)]
+
+
+#: One liveness channel per process set (all ranks construct optimizers in the same order, so
+#: they agree on when the address exchange happens: at the first construction only).
+_channels: dict[tuple, Any] = {}
+
+
+def watch_peers(process_set: Any = None, config: Any = None) -> Any:
+    """The ``liveness.Liveness`` channel among the ranks of ``process_set``, started at the
+    first call (a collective over the set: each rank's address is all-gathered); None when it
+    is off (``DCREDIT_LIVENESS=0``), for a single rank, or in an elastic job.
+
+    Elastic jobs get none: a worker that joins constructs while the others are inside
+    elastic's ``sync()``, so an address exchange would never be matched; there Horovod's own
+    failure detection raises ``HorovodInternalError`` and ``hvd.elastic.run`` resets.  A loss
+    ends the process (``Liveness.exit_on_loss``): outside elastic, Horovod cannot go on
+    without a rank, and its shutdown would wait for the dead one for ever.
+    """
+    config = liveness.settings() if config is None else config
+    process_set = hvd.global_process_set if process_set is None else process_set
+    if (not config.enabled or os.environ.get("HOROVOD_ELASTIC") == "1"
+            or process_set.size() < 2 or not process_set.included()):
+        return None
+    key = (getattr(process_set, "process_set_id", None), process_set.size(), process_set.rank())
+    if key not in _channels:
+        channel = liveness.Liveness(process_set.rank(), process_set.size(), config,
+                                    exit_on_loss=True)
+        table = allgather_object(channel.address(), process_set, "dcredit.liveness")
+        channel.start(table)
+        _channels[key] = channel
+    return _channels[key]
+
+
+def raise_if_peer_lost() -> None:
+    """For waits outside the scheduler (``wait``): a lost peer never answers."""
+    for channel in list(_channels.values()):
+        lost = channel.lost
+        if lost:
+            raise PeerLostError.from_events(lost)

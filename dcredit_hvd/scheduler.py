@@ -11,7 +11,8 @@ every rank has submitted its name, so the gate rank's order is the global order 
 on another's window: see ``docs/design.md`` ("Why the gate cannot deadlock").
 
 Errors raised in the completion thread are kept and re-raised in the training thread at its next
-call (``enqueue``, ``wait_all``, ``check``).
+call (``enqueue``, ``wait_all``, ``check``); so is the loss of a peer reported by the liveness
+channel (``liveness.py``), which also wakes a training thread waiting here.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from .blocks import Block
+from .liveness import Liveness, PeerEvent
 from .policies.base import Policy
 
 log = logging.getLogger("dcredit_hvd")
@@ -77,6 +79,42 @@ class StallError(TimeoutError):
     """Blocks did not complete within ``DCREDIT_STALL_ABORT_SECONDS``."""
 
 
+#: Seconds a Horovod error waits for the liveness channel to name the peer behind it (a dead
+#: peer's connection closes at once; Horovod's error may come a moment earlier).
+PEER_NAME_WAIT_SECONDS = 2.0
+
+
+class PeerLostError(RuntimeError):
+    """A peer process is gone (liveness channel): the job cannot continue without it.
+
+    Not a ``SchedulerError``: nothing in this process failed, and no retry can help.
+    """
+
+    def __init__(self, message: str, events: tuple[PeerEvent, ...] = ()) -> None:
+        super().__init__(message)
+        self.events = events
+
+    @property
+    def ranks(self) -> list[int]:
+        return [e.rank for e in self.events]
+
+    @property
+    def hosts(self) -> list[str]:
+        return [e.host for e in self.events]
+
+    @classmethod
+    def from_events(cls, events: list[PeerEvent]) -> PeerLostError:
+        what = "; ".join(e.describe() for e in events)
+        ranks = ", ".join(str(e.rank) for e in events)
+        return cls(
+            f"dcredit_hvd: lost {len(events)} peer process(es) of this job: {what}. This rank "
+            f"stops now: Horovod cannot continue without rank(s) {ranks}, and it would wait for "
+            "them for ever. Find the cause in that rank's own log or on its host (a traceback, "
+            "the kernel's out-of-memory killer in dmesg, a node or network failure), then "
+            "restart from the last checkpoint; to survive lost workers, train with "
+            "hvd.elastic.run.", tuple(events))
+
+
 class BlockScheduler:
     """Queue + gate + completion thread for one optimizer.
 
@@ -88,7 +126,8 @@ class BlockScheduler:
                  poll: Callable[[int], bool], collect: Callable[[int], torch.Tensor],
                  poll_seconds: float = 0.0005, stall_seconds: float = 60.0,
                  stall_abort_seconds: float = 0.0, timeline: Any = None,
-                 passthrough: tuple[type[BaseException], ...] = ()) -> None:
+                 passthrough: tuple[type[BaseException], ...] = (),
+                 liveness: Optional[Liveness] = None) -> None:
         self.policy = policy
         self._submit = submit
         self._poll = poll
@@ -110,6 +149,11 @@ class BlockScheduler:
         self._closed = False
         self._iteration_open = False
         self.submitted_names: list[str] = []   # this iteration, in submission order (for tests/timeline)
+        #: The peers' liveness channel (``comm.watch_peers``); a loss is stored like a
+        #: completion-thread error, so every wait here wakes and raises ``PeerLostError``.
+        self._liveness = liveness
+        if liveness is not None:
+            liveness.subscribe(self._peer_lost)
 
     # -- training-thread side -------------------------------------------------------------
     def start_iteration(self) -> None:
@@ -271,6 +315,11 @@ class BlockScheduler:
             self._error = exc
         self._cond.notify_all()
 
+    def _peer_lost(self, events: list[PeerEvent]) -> None:
+        """Liveness callback (its own thread): fail every wait, now and later."""
+        with self._cond:
+            self._fail(PeerLostError.from_events(events))
+
     def reset(self) -> None:
         """Forget everything in flight or queued and any stored error (elastic ``restore()``
         after Horovod was re-initialised: the old handles are invalid)."""
@@ -285,6 +334,13 @@ class BlockScheduler:
     def _raise_if_failed(self) -> None:
         if self._error is not None:
             exc = self._error
+            if isinstance(exc, PeerLostError):
+                raise PeerLostError(str(exc), exc.events)
+            if self._liveness is not None and isinstance(exc, self._passthrough):
+                # Horovod's error says a peer failed, not which: the channel may know.
+                lost = self._liveness.wait_lost(PEER_NAME_WAIT_SECONDS)
+                if lost:
+                    raise PeerLostError.from_events(lost) from exc
             if isinstance(exc, self._passthrough):
                 raise type(exc)(f"dcredit_hvd: the communication thread failed: {exc}") from exc
             raise SchedulerError(f"dcredit_hvd: the communication thread failed: "

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -38,22 +39,27 @@ HVDRUN = [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo"]
 LAUNCHERS = {"mpi": MPIRUN, "gloo": HVDRUN}
 
 
-def _env(pid_dir: Path) -> dict:
-    env = dict(os.environ)
+def _env(pid_dir: Path, defaults: bool = False, extra: Optional[dict] = None) -> dict:
+    """``defaults``: no ``DCREDIT_*`` setting from the caller's environment (the Makefile
+    exports a shorter stall limit), as a user who sets nothing runs."""
+    env = {k: v for k, v in os.environ.items() if not (defaults and k.startswith("DCREDIT_"))}
     env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                FAILURE_PID_DIR=str(pid_dir), PYTHONUNBUFFERED="1", DCREDIT_LOG_LEVEL="WARNING",
                PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
                PYTHONPATH=os.pathsep.join(filter(None, [str(HERE.parent.parent),
                                                          env.get("PYTHONPATH")])))
+    env.update(extra or {})
     return env
 
 
-def _launch(command: list[str], pid_dir: Path, timeout: float = LAUNCH_TIMEOUT_S):
+def _launch(command: list[str], pid_dir: Path, timeout: float = LAUNCH_TIMEOUT_S,
+            defaults: bool = False, extra: Optional[dict] = None):
     """Run ``command`` in its own session; kill the whole group on timeout.  Returns
     ``(returncode or None on timeout, output, seconds, end time)``."""
     started = time.time()
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            env=_env(pid_dir), start_new_session=True, text=True)
+                            env=_env(pid_dir, defaults, extra), start_new_session=True,
+                            text=True)
     try:
         output, _ = proc.communicate(timeout=timeout)
         code = proc.returncode
@@ -218,3 +224,105 @@ def test_enqueueing_while_horovod_shuts_down_fails_instead_of_deadlocking(tmp_pa
     _assert_the_job_failed_promptly(
         launcher, [str(HERE / "enqueue_during_shutdown.py"), "dcredit"], tmp_path,
         never="still enqueueing", messages=("Horovod has been shut down", "exited with non-zero"))
+
+
+# -- a dead peer that the launcher does not notice (the liveness channel, issue 14) ----------
+
+#: The issue's limit: every survivor gone this long after the death, with default settings.
+LIVENESS_LIMIT_S = 30.0
+UNNOTICED = [str(HERE / "unnoticed.sh")]
+#: Open MPI's own way of not tearing the job down on a failed rank (as in the issue).
+MPI_NO_ABORT = ["--mca", "orte_abort_on_non_zero_status", "0"]
+#: What the survivor's training thread raises, and the death it describes.
+LOST = "PeerLostError: dcredit_hvd: lost 1 peer process(es) of this job: rank 1 (host "
+CLOSED = "closed its connection without saying goodbye: the process exited abruptly or was killed"
+
+
+def _ended_at(pid_dir: Path, rank: int) -> tuple[int, float]:
+    """Exit status of ``rank``'s Python and when it ended (recorded by ``unnoticed.sh``)."""
+    path = pid_dir / f"status{rank}"
+    assert path.exists(), f"rank {rank} never ended"
+    return int(path.read_text()), path.stat().st_mtime
+
+
+@pytest.mark.parametrize("launcher,mode,hide", [
+    ("mpi", "exit", False),      # mpirun --mca orte_abort_on_non_zero_status 0, as in the issue
+    ("mpi", "kill", True),       # (with that setting Open MPI 4.1 itself hangs after a SIGKILL)
+    ("gloo", "exit", True),
+    ("gloo", "kill", True),
+])
+def test_a_dead_peer_ends_the_job_within_30_s_when_the_launcher_does_not_notice(
+        tmp_path, launcher, mode, hide):
+    """Rank 1 ``os._exit``s or is SIGKILLed at step 3 and the launcher does not react (it is
+    told not to, or does not see the death: ``unnoticed.sh``).  Rank 0, waiting in its forward
+    pass, raises ``PeerLostError`` naming rank 1 and its host, and exits non-zero well within
+    30 s, with default settings (no ``DCREDIT_*`` variable); no process is left."""
+    _needs(launcher)
+    command = (LAUNCHERS[launcher] + (MPI_NO_ABORT if not hide else []) + UNNOTICED
+               + [sys.executable, str(HERE / "peer_lost.py"), mode])
+    code, output, seconds, ended = _launch(command, tmp_path, defaults=True,
+                                           extra={"UNNOTICED_HIDE": "1" if hide else "0"})
+    tail = output[-5000:]
+    assert code is not None, f"the job hung for {LAUNCH_TIMEOUT_S:.0f} s after its peer died:\n{tail}"
+    failed_at = tmp_path / "failed_at"
+    assert failed_at.exists(), f"rank 1 never reached the failure point:\n{tail}"
+    died = float(failed_at.read_text())
+    status, rank0_ended = _ended_at(tmp_path, 0)
+    assert status != 0, f"the survivor exited {status}:\n{tail}"
+    if hide:       # (mpirun with orte_abort_on_non_zero_status 0 reports 0 whatever the ranks do)
+        assert code != 0, f"the launcher reported success:\n{tail}"
+    raised_at, kind = (tmp_path / "raised_at0").read_text().split()
+    assert kind == "PeerLostError", tail
+    detected, exited = float(raised_at) - died, rank0_ended - died
+    print(f"LIVENESS {launcher} {mode}: raised {detected:.2f} s, rank 0 exited {exited:.2f} s, "
+          f"job ended {ended - died:.2f} s after the death")
+    assert exited < LIVENESS_LIMIT_S, f"the survivor took {exited:.0f} s to exit:\n{tail}"
+    assert ended - died < LIVENESS_LIMIT_S + 15, f"the job took {ended - died:.0f} s to end:\n{tail}"
+    assert LOST in output and CLOSED in output, f"no message names the dead peer:\n{tail}"
+    assert "still training" not in output and "StallError" not in output, tail
+    left = (tmp_path / "leftovers").read_text()
+    assert not left, f"processes left behind: {left}"
+
+
+@pytest.mark.parametrize("launcher", ["mpi", "gloo"])
+def test_a_peer_that_is_alive_but_late_is_not_declared_dead(tmp_path, launcher):
+    """Rank 1 computes for 8 s at step 3, four times the liveness timeout set here (2 s):
+    rank 0 logs today's stall warning (after DCREDIT_STALL_SECONDS=3) and nothing else, and
+    both ranks finish with status 0."""
+    _needs(launcher)
+    command = LAUNCHERS[launcher] + UNNOTICED + [sys.executable, str(HERE / "peer_lost.py"),
+                                                 "stall"]
+    code, output, seconds, ended = _launch(
+        command, tmp_path, defaults=True,
+        extra={"DCREDIT_LIVENESS_TIMEOUT": "2", "DCREDIT_STALL_SECONDS": "3",
+               "DCREDIT_LOG_LEVEL": "WARNING", "PEER_STALL_SECONDS": "8"})
+    tail = output[-5000:]
+    assert code == 0, f"exited {code} after {seconds:.0f} s:\n{tail}"
+    assert [_ended_at(tmp_path, r)[0] for r in (0, 1)] == [0, 0], tail
+    assert output.count("finished 8 steps") == 2, tail
+    assert "still outstanding after" in output, f"no stall warning:\n{tail}"
+    assert "peer process is gone" not in output and "PeerLostError" not in output, tail
+    assert not (tmp_path / "leftovers").read_text(), "processes left behind"
+
+
+@pytest.mark.parametrize("death", ["exit", "kill"])
+def test_elastic_a_dead_worker_leads_to_a_reset_not_an_exit(tmp_path, death):
+    """Under ``hvd.elastic.run`` a worker that ``os._exit``s or is SIGKILLed is recovered by
+    Horovod's reset (its HorovodInternalError), promptly, never by PeerLostError and an exit;
+    the job ends with status 0 (the full run is checked by the test above)."""
+    _needs("gloo")
+    command = [str(BIN / "horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "2",
+               "--host-discovery-script", str(HERE / "discover_hosts.sh"),
+               "--blacklist-cooldown-range", "2", "4", "--gloo",
+               sys.executable, str(HERE / "elastic_train.py")]
+    code, output, seconds, _ = _launch(command, tmp_path, defaults=True,
+                                       extra={"ELASTIC_DEATH": death})
+    tail = output[-6000:]
+    assert code == 0, f"elastic job exited {code} after {seconds:.0f} s:\n{tail}"
+    died = float((tmp_path / "killed-once").read_text())
+    reset = float((tmp_path / "first-reset").read_text())
+    print(f"ELASTIC {death}: survivor reset {reset - died:.2f} s after the death")
+    assert reset - died < LIVENESS_LIMIT_S, f"the reset came {reset - died:.0f} s after:\n{tail}"
+    assert "PeerLostError" not in output and "peer process is gone" not in output, tail
+    results = [line for line in output.splitlines() if "ELASTIC RESULT" in line]
+    assert len(results) == 2 and all("identical=True" in r for r in results), tail

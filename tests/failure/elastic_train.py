@@ -2,12 +2,13 @@
 ``tests/test_failures.py`` under ``horovodrun --gloo`` with a host discovery script that lists two
 local "hosts" (``localhost`` and ``127.0.0.1``, one slot each).
 
-The worker on ``127.0.0.1`` kills itself (SIGKILL) once, at batch ``KILL_AT``; Horovod blacklists
+The worker on ``127.0.0.1`` kills itself (SIGKILL; ``os._exit(1)`` with ``ELASTIC_DEATH=exit``)
+once, at batch ``KILL_AT``, writing the time into ``killed-once``; Horovod blacklists
 that host for a short cool-down, the survivor restores the last commit and goes on alone (reset 1),
 then a new worker joins (reset 2), receives the state, and both train ``JOINT`` more batches.
 At the end the ranks compare their parameters: every rank prints ``ELASTIC RESULT`` with the
 number of resets this process saw, the world size and whether its parameters equal rank 0's
-bit for bit.
+bit for bit.  The first reset of a process writes its time into ``first-reset``.
 """
 import os
 import signal
@@ -24,6 +25,8 @@ import dcredit_hvd
 TOTAL = int(os.environ.get("ELASTIC_TOTAL", "60"))
 KILL_AT = int(os.environ.get("ELASTIC_KILL_AT", "15"))
 MARKER = os.path.join(os.environ["FAILURE_PID_DIR"], "killed-once")
+FIRST_RESET = os.path.join(os.environ["FAILURE_PID_DIR"], "first-reset")
+DEATH = os.environ.get("ELASTIC_DEATH", "kill")
 
 hvd.init()
 torch.set_num_threads(1)
@@ -47,6 +50,9 @@ JOINT = int(os.environ.get("ELASTIC_JOINT", "10"))
 
 def on_reset():
     resets[0] += 1
+    if not os.path.exists(FIRST_RESET):
+        with open(FIRST_RESET, "w") as fh:
+            fh.write(repr(time.time()))
     print(f"worker {os.getpid()}: reset, size now {hvd.size()}", flush=True)
 
 
@@ -72,9 +78,12 @@ def train(state):
             state.commit()
         if (state.batch == KILL_AT and os.environ.get("HOROVOD_HOSTNAME") == "127.0.0.1"
                 and not os.path.exists(MARKER)):
-            open(MARKER, "w").close()
-            print(f"worker {os.getpid()}: killing myself at batch {state.batch}", flush=True)
+            with open(MARKER, "w") as fh:
+                fh.write(repr(time.time()))
+            print(f"worker {os.getpid()}: {DEATH} at batch {state.batch}", flush=True)
             sys.stdout.flush()
+            if DEATH == "exit":
+                os._exit(1)
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(0.05)       # leaves time for the replacement to join before the end
 

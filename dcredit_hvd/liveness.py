@@ -1,0 +1,536 @@
+"""Liveness of the peer processes, separate from progress: a TCP heartbeat mesh.
+
+Why: a rank that dies while the launcher does not notice (a node lost, ``mpirun --mca
+orte_abort_on_non_zero_status 0``, a scheduler that reaps only its own process) leaves the
+others waiting in Horovod for ever; stall limits cannot tell a dead peer from a late one, and
+Horovod's background thread, which would have to notice, may be stuck itself.  So every rank
+keeps one TCP connection to every other rank, served by its own daemon thread:
+
+* a **closed** connection (the kernel closes a process's sockets when it exits or is killed,
+  SIGKILL included) is seen at once;
+* a **silent** peer (no heartbeat for ``timeout`` seconds: its host is unreachable, or the
+  process is frozen) is declared after the timeout;
+* a peer that is alive but late (a long evaluation, uneven batches) keeps sending heartbeats
+  from its own thread and is never declared dead: that is the stall limits' business.
+
+A rank that leaves on purpose says goodbye first (``goodbye``, run at interpreter exit): a
+normal exit is not a loss; an exit by an uncaught exception is one, and the goodbye carries the
+exception for the survivors' message.  Nothing here calls Horovod: ``comm`` exchanges the
+addresses (``Liveness.address`` then ``start(table)``) and decides what a loss means for the
+job.  The wire format is lines: an empty line is a heartbeat, ``hello``/``bye`` carry JSON.
+"""
+from __future__ import annotations
+
+import atexit
+import errno
+import hashlib
+import json
+import logging
+import os
+import selectors
+import socket
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+log = logging.getLogger("dcredit_hvd")
+
+#: Exit status of a rank that ended because a peer was lost.
+EXIT_STATUS = 1
+#: Seconds a connection attempt to one address may take at start-up.
+CONNECT_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How the channel runs.  ``DCREDIT_LIVENESS*`` variables, see ``settings``."""
+
+    #: Run the channel at all (``DCREDIT_LIVENESS``, 1/0).
+    enabled: bool = True
+    #: Seconds between heartbeats (``DCREDIT_LIVENESS_INTERVAL``).
+    interval: float = 1.0
+    #: Seconds without a heartbeat after which a peer is declared lost
+    #: (``DCREDIT_LIVENESS_TIMEOUT``): long enough for a process whose thread cannot run for a
+    #: while (a loaded host, a long call holding the GIL), short enough for the 30 s budget.
+    timeout: float = 10.0
+    #: Seconds the training thread has, after a loss, to raise ``PeerLostError`` and exit
+    #: before the process is ended with ``EXIT_STATUS`` (``DCREDIT_LIVENESS_EXIT_SECONDS``;
+    #: 0: never force the exit).
+    exit_seconds: float = 10.0
+
+
+ENV = {"enabled": "DCREDIT_LIVENESS", "interval": "DCREDIT_LIVENESS_INTERVAL",
+       "timeout": "DCREDIT_LIVENESS_TIMEOUT", "exit_seconds": "DCREDIT_LIVENESS_EXIT_SECONDS"}
+_SWITCH = {"1": True, "true": True, "yes": True, "on": True,
+           "0": False, "false": False, "no": False, "off": False}
+
+
+def settings(environ: Optional[Mapping[str, str]] = None, **keywords: Any) -> Settings:
+    """Keyword (when not None) > ``DCREDIT_LIVENESS*`` variable > default, validated.
+
+    A stand-in for the fields of ``config.SchedulerConfig`` until they are added there.
+    """
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for name, var in ENV.items():
+        if keywords.get(name) is not None:
+            raw, what = keywords[name], name
+        elif environ.get(var, "").strip():
+            raw, what = environ[var], f"{var} (environment)"
+        else:
+            continue
+        if name == "enabled":
+            key = str(raw).strip().lower() if not isinstance(raw, bool) else str(int(raw))
+            if key not in _SWITCH:
+                raise ValueError(f"{what} must be 1 or 0 (also true/false, yes/no, on/off), "
+                                 f"got {raw!r}")
+            values[name] = _SWITCH[key]
+            continue
+        try:
+            number = float(raw)
+        except (TypeError, ValueError):
+            raise ValueError(f"{what} must be a number of seconds, got {raw!r}") from None
+        low_ok = number >= 0 if name == "exit_seconds" else number > 0
+        if not (low_ok and number < float("inf")):
+            bound = ">= 0" if name == "exit_seconds" else "> 0"
+            raise ValueError(f"{what} must be a finite number of seconds {bound}, got {raw!r}")
+        values[name] = number
+    result = Settings(**values)
+    if result.timeout < 2 * result.interval:
+        raise ValueError(f"liveness timeout ({result.timeout:g} s, {ENV['timeout']}) must be at "
+                         f"least twice the heartbeat interval ({result.interval:g} s, "
+                         f"{ENV['interval']}), or one late heartbeat declares a live peer lost")
+    return result
+
+
+@dataclass(frozen=True)
+class PeerEvent:
+    """What happened to one peer, as the survivors' messages tell it."""
+
+    rank: int
+    host: str
+    pid: int
+    #: ``closed`` (connection closed without goodbye), ``silent`` (no heartbeat), ``failed``
+    #: (said goodbye after an uncaught exception).
+    what: str
+    detail: str
+    at: float            # time.time() of the detection
+
+    def describe(self) -> str:
+        who = f"rank {self.rank} (host {self.host}, pid {self.pid})"
+        if self.what == "closed":
+            return (f"{who} closed its connection without saying goodbye: the process exited "
+                    f"abruptly or was killed ({self.detail})")
+        if self.what == "silent":
+            return (f"{who} sent no heartbeat for {self.detail}: its host is unreachable or the "
+                    "process is frozen")
+        return f"{who} exited with an uncaught exception: {self.detail}"
+
+
+class _Peer:
+    """One connection and what is known about the rank behind it."""
+
+    def __init__(self, entry: dict) -> None:
+        self.rank: int = entry["rank"]
+        self.host: str = entry["host"]
+        self.pid: int = entry["pid"]
+        self.candidates: list[tuple[str, int]] = [(a, entry["port"]) for a in entry["addrs"]]
+        self.sock: Optional[socket.socket] = None
+        self.connected = False           # hello exchanged
+        self.connecting = False
+        self.buffer = b""
+        self.last_seen = time.monotonic()
+        self.gone = False                # lost or departed: no longer watched
+        self.departed = False            # said goodbye after a normal exit
+
+
+class Liveness:
+    """A heartbeat mesh among ``size`` ranks: construct, publish ``address()``, ``start(table)``.
+
+    ``on_loss`` callbacks (``subscribe``) run in a fresh thread, never in the heartbeat thread,
+    so one that blocks cannot stop detection.  With ``exit_on_loss`` the process is ended
+    ``exit_seconds`` after a loss unless it exited by itself (and at interpreter exit at once,
+    which skips Horovod's shutdown: it would wait for ever for the dead peer).
+    """
+
+    def __init__(self, rank: int, size: int, config: Settings = Settings(), *,
+                 bind: str = "", advertise: Optional[list[str]] = None,
+                 exit_on_loss: bool = False) -> None:
+        self.rank, self.size, self.config = rank, size, config
+        self.exit_on_loss = exit_on_loss
+        self._listener = socket.create_server((bind, 0), backlog=max(8, size))
+        self._listener.setblocking(False)
+        self._port = self._listener.getsockname()[1]
+        self._advertise = advertise if advertise is not None else _local_addresses()
+        self._peers: dict[int, _Peer] = {}
+        self._unknown: dict[socket.socket, bytes] = {}     # accepted, hello not read yet
+        self._token = ""
+        self._lock = threading.Lock()
+        self._lost: list[PeerEvent] = []
+        self._lost_event = threading.Event()
+        self._subscribers: list[Callable[[list[PeerEvent]], None]] = []
+        self._said_goodbye = False
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self.host = socket.gethostname()
+
+    # -- set-up ---------------------------------------------------------------------------
+    def address(self) -> dict:
+        """This rank's entry of the table every rank needs (plain data, for an all-gather)."""
+        return {"rank": self.rank, "host": self.host, "pid": os.getpid(),
+                "addrs": self._advertise, "port": self._port}
+
+    def start(self, table: list[dict]) -> None:
+        """Connect to every peer in ``table`` (one entry per rank) and start the thread.
+
+        Rank ``i`` connects to every rank above it and accepts the ones below; both ends
+        check a token derived from the whole table, so a stray connection is refused.
+        """
+        self._token = hashlib.sha256(json.dumps(table, sort_keys=True).encode()).hexdigest()[:16]
+        for entry in table:
+            if entry["rank"] != self.rank:
+                self._peers[entry["rank"]] = _Peer(entry)
+        self._selector.register(self._listener, selectors.EVENT_READ, "listen")
+        self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
+        for peer in self._peers.values():
+            if peer.rank > self.rank:
+                self._connect(peer)
+        if self.exit_on_loss:
+            atexit.register(self._at_exit)
+        self._thread = threading.Thread(target=self._run, name="dcredit-liveness", daemon=True)
+        self._thread.start()
+
+    def _connect(self, peer: _Peer) -> None:
+        """Non-blocking connect to the next candidate address of ``peer``."""
+        while peer.candidates:
+            address = peer.candidates.pop(0)
+            try:
+                sock = socket.socket(socket.AF_INET6 if ":" in address[0] else socket.AF_INET)
+            except OSError:
+                continue
+            sock.setblocking(False)
+            try:
+                code = sock.connect_ex(address)
+            except OSError:        # a name that does not resolve
+                code = -1
+            if code in (0, errno.EINPROGRESS, errno.EAGAIN):
+                peer.sock, peer.connecting, peer.last_seen = sock, True, time.monotonic()
+                self._selector.register(sock, selectors.EVENT_WRITE, peer)
+                return
+            sock.close()
+        self._unreachable(peer)
+
+    def _unreachable(self, peer: _Peer) -> None:
+        peer.gone = True
+        log.warning("dcredit_hvd: the liveness channel could not connect to rank %d (host %s): "
+                    "that rank's death will only be noticed by Horovod or the stall limits "
+                    "(DCREDIT_STALL_ABORT_SECONDS). Let the ranks reach each other over TCP "
+                    "(any port), or set DCREDIT_LIVENESS=0 to silence this", peer.rank, peer.host)
+
+    # -- what callers see -------------------------------------------------------------------
+    def subscribe(self, callback: Callable[[list[PeerEvent]], None]) -> None:
+        """``callback(events)`` once, in its own thread, at the first loss (at once if past)."""
+        with self._lock:
+            self._subscribers.append(callback)
+            past = list(self._lost)
+        if past:
+            threading.Thread(target=callback, args=(past,), daemon=True).start()
+
+    @property
+    def lost(self) -> list[PeerEvent]:
+        with self._lock:
+            return list(self._lost)
+
+    def wait_lost(self, timeout: float) -> list[PeerEvent]:
+        """The peers lost so far, waiting up to ``timeout`` s for a first one."""
+        self._lost_event.wait(timeout)
+        return self.lost
+
+    def connected(self) -> list[int]:
+        """Ranks whose connection is established and not lost."""
+        return sorted(p.rank for p in list(self._peers.values()) if p.connected and not p.gone)
+
+    def wait_connected(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if len(self.connected()) == len(self._peers):
+                return True
+            time.sleep(0.01)
+        return False
+
+    def goodbye(self, reason: Optional[str] = None) -> None:
+        """Tell every peer this rank leaves on purpose (``reason``: an uncaught exception, which
+        the peers count as a loss; None: a normal exit, which they do not)."""
+        with self._lock:
+            if self._said_goodbye:
+                return
+            self._said_goodbye = True
+        line = b"bye " + json.dumps({"error": reason}).encode() + b"\n"
+        for peer in list(self._peers.values()):
+            sock = peer.sock
+            if sock is not None and peer.connected and not peer.gone:
+                try:
+                    sock.send(line)     # a short line fits unless the peer stopped reading
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        """Stop the thread and close every socket (peers see a closed connection)."""
+        self._stop.set()
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5.0)
+        for sock in [self._listener, self._wake_r, self._wake_w, *self._unknown,
+                     *(p.sock for p in self._peers.values() if p.sock is not None)]:
+            try:
+                sock.close()
+            except OSError:
+                pass
+
+    # -- the heartbeat thread ------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except Exception:    # never silently: the peers would take this rank for dead
+            log.exception("dcredit_hvd: the liveness channel failed; peers will declare this "
+                          "rank lost")
+            raise
+
+    def _loop(self) -> None:
+        interval = self.config.interval
+        next_beat = time.monotonic()
+        last_loop = time.monotonic()
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if now - last_loop > 2 * interval:
+                # This thread itself could not run (a loaded host, a process suspended): the
+                # silence it saw is its own, so it does not count against the peers.
+                for peer in self._peers.values():
+                    peer.last_seen += now - last_loop - interval
+            last_loop = now
+            for key, mask in self._selector.select(timeout=max(0.0, next_beat - now)):
+                if self._stop.is_set():
+                    return
+                self._handle(key.data, key.fileobj, mask)
+            now = time.monotonic()
+            if now >= next_beat:
+                next_beat = now + interval
+                self._beat(now)
+
+    def _handle(self, data: Any, sock: Any, mask: int) -> None:
+        if data == "wake":
+            return
+        if data == "listen":
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            conn.setblocking(False)
+            self._unknown[conn] = b""
+            self._selector.register(conn, selectors.EVENT_READ, "unknown")
+            return
+        if data == "unknown":
+            self._read_hello(sock)
+            return
+        peer: _Peer = data
+        if peer.connecting and mask & selectors.EVENT_WRITE:
+            code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            self._selector.unregister(sock)
+            if code:
+                sock.close()
+                peer.sock, peer.connecting = None, False
+                self._connect(peer)
+                return
+            peer.connecting = False
+            self._send(peer, b"hello " + json.dumps({"token": self._token,
+                                                     "rank": self.rank}).encode() + b"\n")
+            self._selector.register(sock, selectors.EVENT_READ, peer)
+            return
+        self._read(peer)
+
+    def _read_hello(self, conn: socket.socket) -> None:
+        """An accepted connection: adopt it as the peer its hello names, or drop it."""
+        try:
+            chunk = conn.recv(4096)
+        except OSError:
+            chunk = b""
+        buffer = self._unknown.get(conn, b"") + chunk
+        if chunk and b"\n" not in buffer and len(buffer) < 4096:
+            self._unknown[conn] = buffer
+            return
+        self._selector.unregister(conn)
+        self._unknown.pop(conn, None)
+        line, _, rest = buffer.partition(b"\n")
+        try:
+            hello = json.loads(line[len(b"hello "):]) if line.startswith(b"hello ") else {}
+        except ValueError:
+            hello = {}
+        peer = self._peers.get(hello.get("rank")) if hello.get("token") == self._token else None
+        if peer is None or peer.rank > self.rank or peer.gone:
+            conn.close()
+            return
+        peer.sock, peer.connected, peer.buffer = conn, True, rest
+        peer.last_seen = time.monotonic()
+        self._send(peer, b"hello " + json.dumps({"token": self._token,
+                                                 "rank": self.rank}).encode() + b"\n")
+        self._selector.register(conn, selectors.EVENT_READ, peer)
+        self._lines(peer)
+
+    def _read(self, peer: _Peer) -> None:
+        try:
+            chunk = peer.sock.recv(65536)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            self._closed(peer, exc.strerror or type(exc).__name__)
+            return
+        if not chunk:
+            self._lines(peer)
+            self._closed(peer, "end of stream")
+            return
+        peer.last_seen = time.monotonic()
+        peer.buffer += chunk
+        self._lines(peer)
+
+    def _lines(self, peer: _Peer) -> None:
+        while b"\n" in peer.buffer and not peer.gone:
+            line, _, peer.buffer = peer.buffer.partition(b"\n")
+            if line.startswith(b"hello "):
+                peer.connected = True
+            elif line.startswith(b"bye "):
+                try:
+                    reason = json.loads(line[4:]).get("error")
+                except ValueError:
+                    reason = "an unreadable goodbye"
+                self._forget(peer)
+                if reason:
+                    self._declare(peer, "failed", reason)
+                else:
+                    peer.departed = True
+
+    def _closed(self, peer: _Peer, detail: str) -> None:
+        if peer.gone:
+            return
+        if not peer.connected:
+            # Never established (the hello was not answered): a wrong address, not a death.
+            self._drop_socket(peer)
+            if peer.rank > self.rank:
+                self._connect(peer)
+            return
+        self._forget(peer)
+        self._declare(peer, "closed", detail)
+
+    def _forget(self, peer: _Peer) -> None:
+        peer.gone = True
+        self._drop_socket(peer)
+
+    def _drop_socket(self, peer: _Peer) -> None:
+        if peer.sock is not None:
+            try:
+                self._selector.unregister(peer.sock)
+            except (KeyError, ValueError):
+                pass
+            peer.sock.close()
+            peer.sock, peer.connecting = None, False
+
+    def _beat(self, now: float) -> None:
+        for peer in list(self._peers.values()):
+            if peer.gone:
+                continue
+            silent = now - peer.last_seen
+            if peer.connecting and silent > CONNECT_SECONDS:
+                self._drop_socket(peer)          # that address does not answer: try the next
+                self._connect(peer)
+                continue
+            if silent > self.config.timeout:
+                if not peer.connected:
+                    self._forget(peer)
+                    self._unreachable(peer)
+                    continue
+                self._forget(peer)
+                self._declare(peer, "silent", f"{silent:.1f} s")
+                continue
+            if peer.connected:
+                self._send(peer, b"\n")
+
+    def _send(self, peer: _Peer, data: bytes) -> None:
+        try:
+            peer.sock.send(data)
+        except BlockingIOError:
+            pass     # the peer is not reading: its silence is detected, not our send
+        except OSError as exc:
+            self._closed(peer, exc.strerror or type(exc).__name__)
+
+    def _declare(self, peer: _Peer, what: str, detail: str) -> None:
+        if self._said_goodbye:
+            return    # this rank is leaving: peers close their ends on its goodbye
+        event = PeerEvent(peer.rank, peer.host, peer.pid, what, detail, time.time())
+        with self._lock:
+            first = not self._lost
+            self._lost.append(event)
+            subscribers = list(self._subscribers) if first else []
+        self._lost_event.set()
+        log.warning("dcredit_hvd: a peer process is gone: %s", event.describe())
+        for callback in subscribers:
+            threading.Thread(target=callback, args=([event],), daemon=True).start()
+        if first and self.exit_on_loss and self.config.exit_seconds:
+            threading.Thread(target=self._exit_later, name="dcredit-liveness-exit",
+                             daemon=True).start()
+
+    # -- ending the process ------------------------------------------------------------------
+    def _exit_later(self) -> None:
+        """The training thread had ``exit_seconds`` to raise and exit: it is stuck (in a
+        collective of the user's, or Horovod's shutdown), so end the process here."""
+        time.sleep(self.config.exit_seconds)
+        log.error("dcredit_hvd: ending this process (status %d) %.0f s after losing a peer, "
+                  "because it did not exit by itself: %s", EXIT_STATUS,
+                  self.config.exit_seconds, "; ".join(e.describe() for e in self.lost))
+        _hard_exit()
+
+    def _at_exit(self) -> None:
+        """At interpreter exit: after a loss, end now (Horovod's own exit handler would wait
+        for the dead peer for ever); otherwise say goodbye so the peers do not mourn."""
+        if self.lost:
+            _hard_exit()
+        error = getattr(sys, "last_value", None)
+        self.goodbye(f"{type(error).__name__}: {error}" if error is not None else None)
+
+
+def _hard_exit() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:   # a closed stream must not keep the process alive
+            pass
+    for handler in logging.getLogger().handlers + log.handlers:
+        try:
+            handler.flush()
+        except Exception:
+            pass
+    os._exit(EXIT_STATUS)
+
+
+def _local_addresses() -> list[str]:
+    """The addresses peers may reach this host at: what its name resolves to (the same name
+    the launcher used to start it), then loopback for ranks on the same host."""
+    addresses: list[str] = []
+    names = [os.environ.get("HOROVOD_HOSTNAME", ""), socket.gethostname(), socket.getfqdn()]
+    for name in filter(None, names):
+        try:
+            infos = socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)
+        except OSError:
+            continue
+        for info in infos:
+            address = info[4][0]
+            if address not in addresses and not address.startswith("127."):
+                addresses.append(address)
+    addresses.append("127.0.0.1")
+    return addresses

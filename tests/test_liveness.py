@@ -1,0 +1,256 @@
+"""The liveness channel (``dcredit_hvd/liveness.py``) without Horovod: several channels in this
+process, or a peer in a subprocess that exits, is killed, is frozen (SIGSTOP) or is merely busy,
+all over 127.0.0.1.  The heartbeat is fast here (0.1 s, timeout 1.5 s) to keep the tests short.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from dcredit_hvd import liveness
+from dcredit_hvd.liveness import Liveness, Settings
+from dcredit_hvd.scheduler import PeerLostError
+
+FAST = Settings(interval=0.1, timeout=1.5, exit_seconds=0.0)
+ROOT = Path(__file__).resolve().parents[1]
+
+#: A peer in a subprocess: prints its address, reads the table, connects, then does ``argv[1]``.
+PEER = textwrap.dedent("""
+    import json, os, signal, sys, time
+    from dcredit_hvd.liveness import Liveness, Settings
+    lv = Liveness(1, 2, Settings(interval=0.1, timeout=1.5, exit_seconds=0.0),
+                  advertise=["127.0.0.1"])
+    print(json.dumps(lv.address()), flush=True)
+    lv.start(json.loads(sys.stdin.readline()))
+    assert lv.wait_connected(10.0)
+    print("connected", flush=True)
+    action, seconds = sys.argv[1], float(sys.argv[2])
+    if action == "exit":
+        os._exit(3)
+    if action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if action == "busy":                 # holds the GIL as much as pure Python does
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            sum(range(1000))
+    if action == "sleep":
+        time.sleep(seconds)
+    if action == "raise":
+        lv.goodbye("RuntimeError: injected")
+        sys.exit(1)
+    lv.goodbye()
+    print("done", flush=True)
+""")
+
+
+def _mesh(n: int, config: Settings = FAST) -> list[Liveness]:
+    channels = [Liveness(r, n, config, advertise=["127.0.0.1"]) for r in range(n)]
+    table = [c.address() for c in channels]
+    for c in channels:
+        c.start(table)
+    assert all(c.wait_connected(10.0) for c in channels), [c.connected() for c in channels]
+    return channels
+
+
+class _Child:
+    """Rank 1 in a subprocess, rank 0 (``self.channel``) here."""
+
+    def __init__(self, action: str, seconds: float = 0.0) -> None:
+        self.channel = Liveness(0, 2, FAST, advertise=["127.0.0.1"])
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        self.proc = subprocess.Popen([sys.executable, "-c", PEER, action, str(seconds)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     env=env)
+        theirs = json.loads(self.proc.stdout.readline())
+        table = [self.channel.address(), theirs]
+        self.channel.start(table)
+        self.proc.stdin.write(json.dumps(table) + "\n")
+        self.proc.stdin.flush()
+        assert self.proc.stdout.readline().strip() == "connected"
+        self.started = time.monotonic()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self.channel.close()
+
+
+@pytest.fixture
+def child(request):
+    made: list[_Child] = []
+
+    def make(action: str, seconds: float = 0.0) -> _Child:
+        made.append(_Child(action, seconds))
+        return made[-1]
+    yield make
+    for c in made:
+        c.close()
+
+
+def test_a_closed_peer_is_detected_at_once_by_every_other_rank():
+    channels = _mesh(3)
+    try:
+        channels[1].close()                   # no goodbye: as a crash looks from outside
+        for survivor in (channels[0], channels[2]):
+            lost = survivor.wait_lost(10.0)
+            assert [(e.rank, e.what) for e in lost] == [(1, "closed")], lost
+            assert "rank 1 (host " in lost[0].describe() and "killed" in lost[0].describe()
+        assert channels[0].connected() == [2] and channels[2].connected() == [0]
+    finally:
+        for c in channels:
+            c.close()
+
+
+@pytest.mark.parametrize("action", ["exit", "kill"])
+def test_a_peer_process_that_exits_or_is_killed_is_closed_not_silent(child, action):
+    peer = child(action)
+    lost = peer.channel.wait_lost(10.0)
+    detected = time.monotonic() - peer.started
+    assert [(e.rank, e.what) for e in lost] == [(1, "closed")], lost
+    assert lost[0].pid == peer.proc.pid
+    # seen through the closed connection, before the silence timeout could have said it
+    assert detected < FAST.timeout, detected
+
+
+def test_a_frozen_peer_is_declared_silent_after_the_timeout(child):
+    peer = child("sleep", 60.0)
+    time.sleep(0.5)
+    assert peer.channel.lost == []
+    os.kill(peer.proc.pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    lost = peer.channel.wait_lost(15.0)
+    waited = time.monotonic() - stopped
+    assert [(e.rank, e.what) for e in lost] == [(1, "silent")], lost
+    assert waited >= FAST.timeout - FAST.interval, waited
+    assert "no heartbeat" in lost[0].describe() and "frozen" in lost[0].describe()
+    os.kill(peer.proc.pid, signal.SIGCONT)
+
+
+@pytest.mark.parametrize("action", ["busy", "sleep"])
+def test_a_slow_but_alive_peer_is_never_declared_lost(child, action):
+    peer = child(action, 4 * FAST.timeout)
+    assert peer.proc.stdout.readline().strip() == "done"
+    assert peer.proc.wait(timeout=30) == 0
+    time.sleep(3 * FAST.interval)
+    assert peer.channel.lost == [], peer.channel.lost     # its goodbye: a departure
+
+
+def test_a_peer_that_raised_says_so_in_its_goodbye(child):
+    peer = child("raise")
+    lost = peer.channel.wait_lost(10.0)
+    assert [(e.rank, e.what, e.detail) for e in lost] == [(1, "failed", "RuntimeError: injected")]
+    assert "uncaught exception: RuntimeError: injected" in lost[0].describe()
+
+
+def test_subscribers_run_once_in_their_own_thread_and_a_blocked_one_stops_nothing():
+    channels = _mesh(3)
+    seen, release = [], threading.Event()
+    channels[0].subscribe(lambda events: release.wait(30))          # blocks
+    channels[0].subscribe(lambda events: seen.append((threading.current_thread().name,
+                                                      [e.rank for e in events])))
+    try:
+        channels[1].close()
+        channels[0].wait_lost(10.0)
+        deadline = time.monotonic() + 10
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.01)
+        channels[2].close()                                         # still watched
+        deadline = time.monotonic() + 10
+        while len(channels[0].lost) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [e.rank for e in channels[0].lost] == [1, 2]
+        assert len(seen) == 1 and seen[0][1] == [1] and seen[0][0] != "dcredit-liveness"
+    finally:
+        release.set()
+        for c in channels:
+            c.close()
+
+
+def test_a_connection_with_the_wrong_token_is_refused_and_watching_goes_on():
+    channels = _mesh(2)
+    try:
+        stray = socket.create_connection(("127.0.0.1", channels[1].address()["port"]))
+        stray.sendall(b'hello {"token": "nope", "rank": 0}\n')
+        stray.settimeout(5.0)
+        assert stray.recv(100) == b""                            # closed by rank 1
+        stray.close()
+        time.sleep(5 * FAST.interval)
+        assert channels[0].lost == [] and channels[1].lost == []
+        assert channels[1].connected() == [0]
+    finally:
+        for c in channels:
+            c.close()
+
+
+def test_a_peer_address_that_does_not_answer_is_skipped_for_the_next_one():
+    """192.0.2.1 (TEST-NET-1) is never routed: refused or silent, then 127.0.0.1 is tried."""
+    channels = [Liveness(0, 2, FAST, advertise=["127.0.0.1"]),
+                Liveness(1, 2, FAST, advertise=["192.0.2.1", "127.0.0.1"])]
+    table = [c.address() for c in channels]
+    try:
+        for c in channels:
+            c.start(table)
+        assert channels[0].wait_connected(liveness.CONNECT_SECONDS + 10.0)
+        assert channels[1].wait_connected(10.0)
+        assert channels[0].lost == [] and channels[1].lost == []
+    finally:
+        for c in channels:
+            c.close()
+
+
+def test_the_training_thread_raises_peer_lost_error_naming_rank_and_host():
+    events = [liveness.PeerEvent(3, "node7", 42, "closed", "end of stream", time.time())]
+    exc = PeerLostError.from_events(events)
+    text = str(exc)
+    assert exc.ranks == [3] and exc.hosts == ["node7"]
+    assert "rank 3 (host node7, pid 42)" in text and "exited abruptly or was killed" in text
+    assert "restart from the last checkpoint" in text and "hvd.elastic.run" in text
+
+
+def test_settings_come_from_keywords_then_environment_then_defaults():
+    assert liveness.settings({}) == Settings()
+    got = liveness.settings({"DCREDIT_LIVENESS_TIMEOUT": "4", "DCREDIT_LIVENESS": "off"},
+                            interval=0.5)
+    assert got == Settings(enabled=False, interval=0.5, timeout=4.0, exit_seconds=10.0)
+    assert liveness.settings({"DCREDIT_LIVENESS_EXIT_SECONDS": "0"}).exit_seconds == 0.0
+
+
+@pytest.mark.parametrize("environ,message", [
+    ({"DCREDIT_LIVENESS": "maybe"}, "DCREDIT_LIVENESS (environment) must be 1 or 0"),
+    ({"DCREDIT_LIVENESS_TIMEOUT": "soon"}, "must be a number of seconds, got 'soon'"),
+    ({"DCREDIT_LIVENESS_INTERVAL": "0"}, "must be a finite number of seconds > 0"),
+    ({"DCREDIT_LIVENESS_EXIT_SECONDS": "-1"}, "must be a finite number of seconds >= 0"),
+    ({"DCREDIT_LIVENESS_TIMEOUT": "inf"}, "must be a finite number of seconds > 0"),
+    ({"DCREDIT_LIVENESS_TIMEOUT": "1", "DCREDIT_LIVENESS_INTERVAL": "1"},
+     "must be at least twice the heartbeat interval"),
+])
+def test_bad_settings_are_errors_that_name_the_variable(environ, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        liveness.settings(environ)
+
+
+def test_after_its_own_goodbye_a_rank_mourns_no_peer_that_closes():
+    """Both ranks end normally: the first to say goodbye sees the other close its end."""
+    channels = _mesh(2)
+    try:
+        channels[0].goodbye()
+        deadline = time.monotonic() + 10
+        while channels[1].connected() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        channels[1].close()
+        time.sleep(5 * FAST.interval)
+        assert channels[0].lost == [] and channels[1].lost == []
+    finally:
+        for c in channels:
+            c.close()
