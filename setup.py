@@ -13,6 +13,6 @@ setup(
     # Horovod is built from source against the installed torch (scripts/install.sh);
     # listing it here would make pip try a build of its own without the C++17 fix.
     install_requires=["torch>=2.1", "numpy", "mpi4py"],
-    extras_require={"test": ["pytest", "hypothesis"]},
+    extras_require={"test": ["pytest", "hypothesis", "transformers"]},
     license="Apache-2.0",
 )

@@ -28,6 +28,8 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VENV=${VENV:-$ROOT/.venv}
 HOROVOD_VERSION=0.28.1
 TORCH_VERSION=${TORCH_VERSION:-2.13.0}
+# The real-architecture parity tests build tiny models from transformers (pure Python, no download).
+TRANSFORMERS_VERSION=${TRANSFORMERS_VERSION:-5.24.0}
 BUILD_DIR=${DCREDIT_BUILD_DIR:-$ROOT/.build}
 GPU_OPS=${DCREDIT_HOROVOD_GPU_OPS:-auto}
 MPI_MODE=${DCREDIT_HOROVOD_MPI:-auto}
@@ -97,10 +99,11 @@ if [ "$VENV" != system ] && [ ! -x "$PY" ]; then
     fi
 fi
 if [ "$machine_torch" = 0 ]; then
-    if ! "$PY" -c "import torch, numpy, mpi4py, pytest, hypothesis; assert torch.__version__.split('+')[0] == '$TORCH_VERSION'" 2>/dev/null; then
-        log "pip install torch==$TORCH_VERSION numpy mpi4py pytest hypothesis ruff"
+    if ! "$PY" -c "import torch, numpy, mpi4py, pytest, hypothesis, transformers; assert torch.__version__.split('+')[0] == '$TORCH_VERSION'; assert transformers.__version__ == '$TRANSFORMERS_VERSION'" 2>/dev/null; then
+        log "pip install torch==$TORCH_VERSION numpy mpi4py pytest hypothesis ruff transformers==$TRANSFORMERS_VERSION"
         "$PY" -m pip install -q --upgrade pip setuptools wheel
-        "$PY" -m pip install -q "torch==$TORCH_VERSION" numpy mpi4py pytest hypothesis ruff matplotlib
+        "$PY" -m pip install -q "torch==$TORCH_VERSION" numpy mpi4py pytest hypothesis ruff matplotlib \
+            "transformers==$TRANSFORMERS_VERSION"
     fi
 else
     "$PY" -c "import torch" 2>/dev/null \
@@ -109,12 +112,12 @@ else
     # Horovod's setup.py needs bdist_wheel (wheel, or setuptools >= 70.1); -e needs >= 64.
     "$PY" -c "import setuptools, wheel, sys; sys.exit(int(setuptools.__version__.split('.')[0]) < 64)" \
         2>/dev/null || "$PY" -m pip install -q "${pip_src[@]}" --upgrade setuptools wheel
-    wanted=(pytest hypothesis)
+    wanted=(pytest hypothesis "transformers==$TRANSFORMERS_VERSION")
     [ -n "$WHEELS" ] || wanted+=(numpy ruff)
     if [ -z "$WHEELS" ] && command -v mpicxx >/dev/null && [ "$MPI_MODE" = auto ]; then
         wanted+=(mpi4py)
     fi
-    modules=$(printf '%s\n' "${wanted[@]}" | sed 's/-/_/g' | paste -sd, -)
+    modules=$(printf '%s\n' "${wanted[@]}" | sed 's/==.*//; s/-/_/g' | paste -sd, -)
     if ! "$PY" -c "import $modules" 2>/dev/null; then
         log "pip install ${wanted[*]}${WHEELS:+ (from $WHEELS)}"
         "$PY" -m pip install -q "${pip_src[@]}" "${wanted[@]}"
