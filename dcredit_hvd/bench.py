@@ -266,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
                                "machine": platform.platform(), "started": time.time(),
                                "device": args.device, "energy": energy_note(meter),
                                "hosts": hosts, "allreduce": collective_algorithm(),
-                               "flush_denormal": flushes, "policies": {}}
+                               "flush_denormal": flushes, "loadavg_start": os.getloadavg(),
+                               "policies": {}}
     if not args.no_bounds:
         results["compute"] = timed_run("compute only", training_step("compute"))
         results["communication"] = timed_run("communication only", communication_step)
@@ -278,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
                                 os.environ.get("VCLUSTER_RATE"))
     results["simulated"] = simulator_check(results, optimizers, args)
 
+    # the machine's load beside the figures: other work on the same cores slows every policy
+    results["loadavg_end"] = os.getloadavg()
     if rank0:
         print_table(results)
         if args.json:
@@ -459,6 +462,9 @@ def print_table(results: dict[str, Any]) -> None:
     print(f"\n{results.get('ranks', '?')} ranks on {', '.join(results.get('hosts', ['?']))}; all-reduce: "
           f"{results.get('allreduce', '?')} (ddp: Gloo's); subnormals flushed: "
           f"{results.get('flush_denormal')}")
+    if "loadavg_end" in results:
+        print(f"machine load average (1 min) {results['loadavg_start'][0]:.1f} at the start, "
+              f"{results['loadavg_end'][0]:.1f} at the end, on {os.cpu_count()} CPUs")
     if "compute" in results:
         bound = max(results["compute"]["seconds_per_iteration"],
                     results["communication"]["seconds_per_iteration"])

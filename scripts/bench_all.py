@@ -86,7 +86,10 @@ def table(data: dict) -> str:
     simulated = data.get("simulated", {})
     lines = [f"{data['ranks']} ranks on {', '.join(data.get('hosts', ['?']))}; all-reduce: "
              f"{data.get('allreduce', '?')} (ddp: Gloo's); subnormals flushed: "
-             f"{data.get('flush_denormal', '?')}", "",
+             f"{data.get('flush_denormal', '?')}" + (
+                 f"; load average {data['loadavg_start'][0]:.1f} at the start, "
+                 f"{data['loadavg_end'][0]:.1f} at the end (2 CPUs)" if "loadavg_end" in data
+                 else ""), "",
              f"compute only {data['compute']['seconds_per_iteration'] * 1e3:.0f} ms, communication "
              f"only {data['communication']['seconds_per_iteration'] * 1e3:.0f} ms, lower bound "
              f"{bound * 1e3:.0f} ms" + (
