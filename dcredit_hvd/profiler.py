@@ -2,8 +2,8 @@
 
 * ``StepProfiler``: per-tensor ready times ``r_l`` from the gradient hooks' timestamps, measured
   from the end of the model's forward pass (the start of backward, up to the loss), and per-layer
-  forward times from module forward pre/post hooks, split evenly among the tensors a module owns
-  directly (``profile.Profile``).  Iterations are averaged after a warm-up.  ``t_b`` follows from
+  forward times from module forward pre/post hooks (each layer's own time, without the hooked
+  layers it calls), split evenly among the tensors a module owns directly (``profile.Profile``).  Iterations are averaged after a warm-up.  ``t_b`` follows from
   ``r_l`` as ``t_b(l) = r_l - r_{l+1}`` with ``r`` made non-decreasing towards the input
   (a gradient never counts as ready before a later layer's), so ``Profile.ready_times()`` gives back the
   measured ``r_l``.
@@ -46,6 +46,7 @@ class StepProfiler:
         self.iterations = 0                 # completed iterations seen (warm-up included)
         self._forward_end: Optional[float] = None
         self._layer_start: dict[Any, float] = {}
+        self._open: list[list] = []          # [layer, time of hooked layers it called]
         self._ready: dict[Hashable, float] = {}
         self._fwd: dict[Hashable, float] = defaultdict(float)
         self._sum_ready: dict[Hashable, list[float]] = defaultdict(list)
@@ -59,12 +60,28 @@ class StepProfiler:
     # -- events --------------------------------------------------------------------------
     def layer_start(self, module: Any) -> None:
         self._layer_start[module] = self._clock()
+        self._open.append([module, 0.0])
 
     def layer_end(self, module: Any, keys: Sequence[Hashable]) -> None:
+        """A layer's own (exclusive) forward time, split among the tensors it owns: the time of
+        the hooked layers it calls is theirs (a ViT's embeddings module owns the class token and
+        calls the patch convolution; a model's root owns a bare parameter and calls everything),
+        so nothing is counted twice."""
         start = self._layer_start.pop(module, None)
-        if start is None or not keys:
+        children = 0.0
+        while self._open:                       # pop to this layer (skips any that raised)
+            entry = self._open.pop()
+            if entry[0] is module:
+                children = entry[1]
+                break
+        if start is None:
             return
-        share = (self._clock() - start) / len(keys)
+        inclusive = self._clock() - start
+        if self._open:
+            self._open[-1][1] += inclusive
+        if not keys:
+            return
+        share = max(inclusive - children, 0.0) / len(keys)
         for key in keys:
             self._fwd[key] += share
 
@@ -90,6 +107,7 @@ class StepProfiler:
         self._fwd = defaultdict(float)
         self._forward_end = None
         self._layer_start.clear()
+        self._open.clear()
 
     # -- result --------------------------------------------------------------------------
     def profile(self, keys: Sequence[Hashable], names: Sequence[str], nbytes: Sequence[int],

@@ -71,3 +71,22 @@ def test_profiling_is_done_after_warmup_plus_steps_iterations():
 def test_profiling_needs_at_least_one_measured_step():
     with pytest.raises(ValueError, match="steps >= 1"):
         StepProfiler(warmup=0, steps=0)
+
+
+def test_a_layer_that_calls_other_layers_is_charged_only_its_own_forward_time():
+    """A root with a bare parameter (a class token, a logit scale) around the whole forward."""
+    clock = Clock()
+    prof = StepProfiler(warmup=0, steps=1, clock=clock)
+    prof.layer_start("root")
+    clock.now += 0.1                     # the root's own work before its children
+    prof.layer_start("child")
+    clock.now += 0.5
+    prof.layer_end("child", ["w"])
+    clock.now += 0.2
+    prof.layer_end("root", ["token"])
+    prof.forward_end()
+    prof.ready("w")
+    prof.ready("token")
+    prof.end_iteration()
+    profile = prof.profile(["token", "w"], ["token", "w"], [4, 4], [4, 4])
+    assert profile.t_f == pytest.approx((0.3, 0.5))
