@@ -3,10 +3,11 @@
 * ``StepProfiler``: per-tensor ready times ``r_l`` from the gradient hooks' timestamps, measured
   from the end of the model's forward pass (the start of backward, up to the loss), and per-layer
   forward times from module forward pre/post hooks (each layer's own time, without the hooked
-  layers it calls), split evenly among the tensors a module owns directly (``profile.Profile``).  Iterations are averaged after a warm-up.  ``t_b`` follows from
-  ``r_l`` as ``t_b(l) = r_l - r_{l+1}`` with ``r`` made non-decreasing towards the input
-  (a gradient never counts as ready before a later layer's), so ``Profile.ready_times()`` gives back the
-  measured ``r_l``.
+  layers it calls), split evenly among the tensors a module owns directly (``profile.Profile``).
+  Iterations are averaged after a warm-up.  ``t_b`` follows from ``r_l`` as
+  ``t_b(l) = r_l - r_{l+1}`` with ``r`` made non-decreasing towards the input (a gradient never
+  counts as ready before a later layer's), so ``Profile.ready_times()`` gives back the measured
+  ``r_l``.
 * ``measure_cost_model``: times all-reduces of sizes from a few KiB to tens of MiB through the
   same Horovod path the runtime uses (``comm.submit``, fusion and cycle time as configured), on
   every rank together; rank 0 fits ``T(bytes) = a + b*bytes`` (``costmodel.fit``) and broadcasts
