@@ -254,3 +254,36 @@ def test_resuming_from_a_checkpoint_gives_the_same_parameters_as_an_uninterrupte
     got = [v.detach().clone() for v in resumed.state_dict().values()]
     assert_all_ranks(params_close(got, uninterrupted),
                      f"max rel diff {max_rel_diff(got, uninterrupted)}")
+
+
+def _ema_run(wrap, steps=6):
+    """An EMA of the weights read after every step(), between step() and the next forward."""
+    model = make_model()
+    opt = wrap(torch.optim.Adam(model.parameters(), lr=0.01), model)
+    ema = torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+    for micro in batches(steps):
+        opt.zero_grad()
+        x, y = micro[0]
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        with torch.no_grad():
+            ema.mul_(0.9).add_(torch.nn.utils.parameters_to_vector(model.parameters()), alpha=0.1)
+    return ema
+
+
+def test_an_ema_of_the_weights_read_between_step_and_forward_sees_every_update():
+    expected = _ema_run(wrap_reference)
+    got = _ema_run(lambda o, m: wrap_ours(o, m, race_amplifier=0.002))
+    assert_all_ranks(torch.allclose(got, expected, rtol=1e-5, atol=1e-7),
+                     f"EMA differs: max |diff| {float((got - expected).abs().max()):.3g}")
+
+
+def test_broadcast_of_named_parameters_reaches_parameters_the_guard_observes():
+    """Horovod's other broadcast form hands the parameters themselves to Horovod, while the read
+    guard observes them (their class is the guard's until forward first reads them)."""
+    model = make_model(seed=10 + hvd.rank())                # different weights on each rank
+    wrap_ours(torch.optim.SGD(model.parameters(), lr=0.1), model)
+    hvd.broadcast_parameters(list(model.named_parameters()), root_rank=0)
+    flat = torch.nn.utils.parameters_to_vector(model.parameters()).detach()
+    gathered = hvd.allgather(flat.unsqueeze(0), name="test.overlap.broadcast_named")
+    assert_all_ranks(bool((gathered == gathered[0]).all()), "ranks differ after the broadcast")
