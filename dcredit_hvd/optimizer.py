@@ -10,7 +10,6 @@ to Horovod by a policy (``scheduler``, ``policies``) instead of being submitted 
 from __future__ import annotations
 
 import atexit
-import json
 import logging
 import os
 import sys
@@ -24,7 +23,7 @@ from typing import Any, Optional
 import horovod.torch as hvd
 import torch
 
-from . import comm, timeline
+from . import comm, planning, timeline
 from .amplifier import RaceAmplifier
 from .blocks import TensorLayout, build_layout
 from .config import SchedulerConfig
@@ -83,40 +82,6 @@ def _setup_logging() -> None:
         log.addHandler(handler)
         log.setLevel(os.environ.get("DCREDIT_LOG_LEVEL", "INFO").upper())
         log.propagate = False
-
-
-def _horovod_cycle_seconds() -> float:
-    """Horovod's background cycle (``HOROVOD_CYCLE_TIME``, ms, default 1), for the simulator."""
-    try:
-        return float(os.environ.get("HOROVOD_CYCLE_TIME", "1")) / 1000.0
-    except ValueError:
-        return 0.001
-
-
-def _log_plan(cost, samples, profile, plan, search, seconds: float) -> None:
-    _setup_logging()
-    log.info("cost model: T(bytes) = %.3g s + %.3g s/B * bytes (%.2f Gbit/s), relative "
-             "residual %s; from %s", cost.a, cost.b, 8e-9 / cost.b if cost.b else float("inf"),
-             f"{cost.residual:.3f}" if cost.residual is not None else "n/a",
-             ", ".join(f"{s} B: {t * 1e3:.2f} ms" for s, t in samples))
-    log.info("profile: %d tensors, %.1f MB, forward %.1f ms, backward %.1f ms",
-             profile.num_tensors, profile.total_bytes / 1e6, profile.forward_time * 1e3,
-             profile.backward_time * 1e3)
-    if search:
-        log.info("partition search (predicted iteration): %s",
-                 ", ".join(f"{s} B: {t * 1e3:.1f} ms" for s, t in search))
-    log.info("plan: %s; phase-1 windows %s; planned in %.2f s", plan.describe(),
-             [w for w in plan.phase1_windows if w], seconds)
-
-
-def _write_profile(path, cost, samples, profile, plan, search) -> None:
-    import dataclasses
-    record = {"cost": dataclasses.asdict(cost), "samples": samples,
-              "profile": dataclasses.asdict(profile),
-              "plan": {"partition_bytes": plan.partition_bytes, "windows": list(plan.windows)},
-              "search": [list(row) for row in search]}
-    with open(path, "w") as fh:
-        json.dump(record, fh, indent=1)
 
 
 def _first_difference(ref: dict, other: dict, other_rank: int) -> str:
@@ -401,8 +366,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         Called at the same step on every rank (the end of ``synchronize`` once the profiler has
         seen ``profile_warmup + profile_steps`` iterations): it runs collectives.
         """
-        from . import planner, simulator
-
         profiler, self._profiler = self._profiler, None
         total = sum(t.nbytes for t in self._layouts)
         started = time.perf_counter()
@@ -415,14 +378,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             profile = profiler.profile(self._order, [t.name for t in self._layouts],
                                        [t.nbytes for t in self._layouts],
                                        [t.element_size for t in self._layouts])
-            search: tuple = ()
-            if self._config.explicit("partition_bytes"):
-                plan = planner.plan(profile, cost, self._config.partition_bytes)
-            else:
-                best = simulator.best_dcredit(profile, cost, overlap_forward=self._overlap,
-                                              cycle_s=_horovod_cycle_seconds())
-                plan, search = best.plan, best.search
-            payload = (plan, profile, search)
+            payload = planning.decide(profile, cost, self._config, overlap_forward=self._overlap)
         plan, profile, search = comm.broadcast_object(payload, root_rank=0,
                                                       process_set=self._process_set,
                                                       name="dcredit.plan")
@@ -436,9 +392,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._timeline is not None:
             self._timeline.mark("plan installed", partition_bytes=plan.partition_bytes)
         if comm.rank() == 0:
-            _log_plan(cost, samples, profile, plan, search, time.perf_counter() - started)
+            _setup_logging()
+            planning.log(log, cost, samples, profile, plan, search, time.perf_counter() - started)
             if self._config.profile_out:
-                _write_profile(self._config.profile_out, cost, samples, profile, plan, search)
+                planning.write(self._config.profile_out, cost, samples, profile, plan, search)
 
     # -- hooks and submission -------------------------------------------------------------
     def _make_hook(self, p):
