@@ -307,16 +307,18 @@ class Liveness:
     def _loop(self) -> None:
         interval = self.config.interval
         next_beat = time.monotonic()
-        last_loop = time.monotonic()
         while not self._stop.is_set():
+            timeout = max(0.0, next_beat - time.monotonic())
+            before = time.monotonic()
+            events = self._selector.select(timeout=timeout)
             now = time.monotonic()
-            if now - last_loop > 2 * interval:
-                # This thread itself could not run (a loaded host, a process suspended): the
-                # silence it saw is its own, so it does not count against the peers.
+            overslept = now - before - timeout
+            if overslept > interval:
+                # This thread itself could not run (a loaded host, a suspended process): the
+                # silence it would see is its own, so it does not count against the peers.
                 for peer in self._peers.values():
-                    peer.last_seen += now - last_loop - interval
-            last_loop = now
-            for key, mask in self._selector.select(timeout=max(0.0, next_beat - now)):
+                    peer.last_seen += overslept
+            for key, mask in events:
                 if self._stop.is_set():
                     return
                 self._handle(key.data, key.fileobj, mask)

@@ -12,9 +12,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import pytest
 
@@ -53,13 +54,19 @@ def _env(pid_dir: Path, defaults: bool = False, extra: Optional[dict] = None) ->
 
 
 def _launch(command: list[str], pid_dir: Path, timeout: float = LAUNCH_TIMEOUT_S,
-            defaults: bool = False, extra: Optional[dict] = None):
-    """Run ``command`` in its own session; kill the whole group on timeout.  Returns
+            defaults: bool = False, extra: Optional[dict] = None,
+            meanwhile: Optional[Callable[[threading.Event], None]] = None):
+    """Run ``command`` in its own session; kill the whole group on timeout.  ``meanwhile``
+    runs in a thread until the command ended (its event is set then).  Returns
     ``(returncode or None on timeout, output, seconds, end time)``."""
     started = time.time()
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             env=_env(pid_dir, defaults, extra), start_new_session=True,
                             text=True)
+    ended = threading.Event()
+    helper = threading.Thread(target=meanwhile, args=(ended,), daemon=True) if meanwhile else None
+    if helper is not None:
+        helper.start()
     try:
         output, _ = proc.communicate(timeout=timeout)
         code = proc.returncode
@@ -68,6 +75,7 @@ def _launch(command: list[str], pid_dir: Path, timeout: float = LAUNCH_TIMEOUT_S
         output, _ = proc.communicate()
         code = None
     finally:
+        ended.set()
         _kill_leftovers(pid_dir)
     return code, output, time.time() - started, time.time()
 
@@ -236,6 +244,7 @@ MPI_NO_ABORT = ["--mca", "orte_abort_on_non_zero_status", "0"]
 #: What the survivor's training thread raises, and the death it describes.
 LOST = "PeerLostError: dcredit_hvd: lost 1 peer process(es) of this job: rank 1 (host "
 CLOSED = "closed its connection without saying goodbye: the process exited abruptly or was killed"
+SILENT = "s: its host is unreachable or the process is frozen"
 
 
 def _ended_at(pid_dir: Path, rank: int) -> tuple[int, float]:
@@ -245,23 +254,43 @@ def _ended_at(pid_dir: Path, rank: int) -> tuple[int, float]:
     return int(path.read_text()), path.stat().st_mtime
 
 
-@pytest.mark.parametrize("launcher,mode,hide", [
-    ("mpi", "exit", False),      # mpirun --mca orte_abort_on_non_zero_status 0, as in the issue
-    ("mpi", "kill", True),       # (with that setting Open MPI 4.1 itself hangs after a SIGKILL)
-    ("gloo", "exit", True),
-    ("gloo", "kill", True),
-])
+#: (launcher, how rank 1 dies, how the launcher is kept from reacting): ``no-abort`` is
+#: mpirun --mca orte_abort_on_non_zero_status 0, as in the issue (with it Open MPI 4.1 itself
+#: never returns after a SIGKILL); ``hide`` is unnoticed.sh; a stopped process (SIGSTOP) is
+#: alive for every launcher and silent for its peers.
+DEATHS = [("mpi", "exit", "no-abort"), ("mpi", "kill", "hide"), ("gloo", "exit", "hide"),
+          ("gloo", "kill", "hide"), ("mpi", "stop", ""), ("gloo", "stop", "")]
+
+
+def _reap_frozen_rank_1(pid_dir: Path, done: threading.Event) -> None:
+    """Once rank 0 has ended, kill the frozen rank 1, as whoever froze it would: horovodrun
+    ends its workers with SIGTERM, which a stopped process never receives, so it waits for
+    ever (mpirun sends SIGCONT first)."""
+    while not done.wait(0.2):
+        if (pid_dir / "status0").exists():
+            done.wait(10.0)                      # the launcher's own chance first
+            for pid in _rank_pids(pid_dir):
+                if _alive(pid):
+                    os.kill(pid, signal.SIGKILL)
+            return
+
+
+@pytest.mark.parametrize("launcher,mode,unnoticed", DEATHS)
 def test_a_dead_peer_ends_the_job_within_30_s_when_the_launcher_does_not_notice(
-        tmp_path, launcher, mode, hide):
+        tmp_path, launcher, mode, unnoticed):
     """Rank 1 ``os._exit``s or is SIGKILLed at step 3 and the launcher does not react (it is
-    told not to, or does not see the death: ``unnoticed.sh``).  Rank 0, waiting in its forward
-    pass, raises ``PeerLostError`` naming rank 1 and its host, and exits non-zero well within
-    30 s, with default settings (no ``DCREDIT_*`` variable); no process is left."""
+    told not to, or does not see the death: ``unnoticed.sh``), or is frozen (SIGSTOP, which no
+    launcher sees).  Rank 0, waiting in its forward pass, raises ``PeerLostError`` naming rank 1
+    and its host (at once for a closed connection, after the 10 s liveness timeout for a silent
+    one), and exits non-zero within 30 s, with default settings (no ``DCREDIT_*`` variable);
+    no process is left."""
     _needs(launcher)
-    command = (LAUNCHERS[launcher] + (MPI_NO_ABORT if not hide else []) + UNNOTICED
-               + [sys.executable, str(HERE / "peer_lost.py"), mode])
-    code, output, seconds, ended = _launch(command, tmp_path, defaults=True,
-                                           extra={"UNNOTICED_HIDE": "1" if hide else "0"})
+    command = (LAUNCHERS[launcher] + (MPI_NO_ABORT if unnoticed == "no-abort" else [])
+               + UNNOTICED + [sys.executable, str(HERE / "peer_lost.py"), mode])
+    code, output, seconds, ended = _launch(
+        command, tmp_path, defaults=True,
+        extra={"UNNOTICED_HIDE": "1" if unnoticed == "hide" else "0"},
+        meanwhile=(lambda done: _reap_frozen_rank_1(tmp_path, done)) if mode == "stop" else None)
     tail = output[-5000:]
     assert code is not None, f"the job hung for {LAUNCH_TIMEOUT_S:.0f} s after its peer died:\n{tail}"
     failed_at = tmp_path / "failed_at"
@@ -269,7 +298,7 @@ def test_a_dead_peer_ends_the_job_within_30_s_when_the_launcher_does_not_notice(
     died = float(failed_at.read_text())
     status, rank0_ended = _ended_at(tmp_path, 0)
     assert status != 0, f"the survivor exited {status}:\n{tail}"
-    if hide:       # (mpirun with orte_abort_on_non_zero_status 0 reports 0 whatever the ranks do)
+    if unnoticed != "no-abort":    # (with it mpirun reports 0 whatever the ranks' statuses)
         assert code != 0, f"the launcher reported success:\n{tail}"
     raised_at, kind = (tmp_path / "raised_at0").read_text().split()
     assert kind == "PeerLostError", tail
@@ -278,7 +307,8 @@ def test_a_dead_peer_ends_the_job_within_30_s_when_the_launcher_does_not_notice(
           f"job ended {ended - died:.2f} s after the death")
     assert exited < LIVENESS_LIMIT_S, f"the survivor took {exited:.0f} s to exit:\n{tail}"
     assert ended - died < LIVENESS_LIMIT_S + 15, f"the job took {ended - died:.0f} s to end:\n{tail}"
-    assert LOST in output and CLOSED in output, f"no message names the dead peer:\n{tail}"
+    assert LOST in output and (SILENT if mode == "stop" else CLOSED) in output, \
+        f"no message names the dead peer:\n{tail}"
     assert "still training" not in output and "StallError" not in output, tail
     left = (tmp_path / "leftovers").read_text()
     assert not left, f"processes left behind: {left}"

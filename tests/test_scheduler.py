@@ -186,3 +186,85 @@ def test_a_block_in_flight_too_long_makes_check_raise_for_waiting_forward_passes
     with pytest.raises(StallError, match="in flight for more than"):
         sched.check()
     sched.close()
+
+
+def _liveness_pair():
+    from dcredit_hvd.liveness import Liveness, Settings
+
+    config = Settings(interval=0.1, timeout=1.5, exit_seconds=0.0)
+    pair = [Liveness(r, 2, config, advertise=["127.0.0.1"]) for r in range(2)]
+    table = [c.address() for c in pair]
+    for c in pair:
+        c.start(table)
+    assert all(c.wait_connected(10.0) for c in pair)
+    return pair
+
+
+def test_a_lost_peer_wakes_a_training_thread_blocked_in_wait_all_with_peer_lost_error():
+    from dcredit_hvd.scheduler import PeerLostError
+
+    pair = _liveness_pair()
+    link = FakeLink()                          # nothing completes: the peer is gone
+    policy = Immediate()
+    layouts = build_layout(["a"], [100], [4], None)
+    policy.bind(layouts)
+    sched = BlockScheduler(policy, submit=link.submit, poll=link.poll, collect=link.collect,
+                           poll_seconds=0.0001, liveness=pair[0])
+    sched.start_iteration()
+    sched.enqueue(0, items_for(layouts[0]))
+    raised: list[BaseException] = []
+
+    def train() -> None:
+        try:
+            sched.wait_all()
+        except BaseException as exc:  # noqa: BLE001 (the test inspects it)
+            raised.append(exc)
+    thread = threading.Thread(target=train)
+    thread.start()
+    time.sleep(0.2)
+    assert thread.is_alive()                     # waiting, as for a slow peer
+    pair[1].close()                              # the peer dies
+    thread.join(timeout=10.0)
+    assert not thread.is_alive(), "wait_all did not wake up"
+    assert isinstance(raised[0], PeerLostError) and raised[0].ranks == [1], raised
+    assert "rank 1 (host " in str(raised[0])
+    with pytest.raises(PeerLostError):          # and every later call
+        sched.check()
+    sched.close()
+    pair[0].close()
+
+
+@pytest.mark.parametrize("peer_dies", [True, False])
+def test_horovods_error_becomes_peer_lost_error_when_the_channel_names_the_peer(peer_dies):
+    """Horovod's error comes first; the channel's report of the closed connection a moment
+    later (0.3 s here, within PEER_NAME_WAIT_SECONDS) turns it into PeerLostError.  With no
+    loss, Horovod's own error type comes through as before (elastic recovers from it)."""
+    from dcredit_hvd.scheduler import PeerLostError
+
+    class Internal(RuntimeError):
+        pass
+
+    pair = _liveness_pair()
+    link = FakeLink(auto=True)
+
+    def collect(handle):
+        if peer_dies:
+            threading.Timer(0.3, pair[1].close).start()
+        raise Internal("Horovod has been shut down")
+    policy = Immediate()
+    layouts = build_layout(["a"], [100], [4], None)
+    policy.bind(layouts)
+    sched = BlockScheduler(policy, submit=link.submit, poll=link.poll, collect=collect,
+                           poll_seconds=0.0001, passthrough=(Internal,), liveness=pair[0])
+    sched.start_iteration()
+    sched.enqueue(0, items_for(layouts[0]))
+    if peer_dies:
+        with pytest.raises(PeerLostError, match="rank 1 .*closed its connection") as info:
+            sched.wait_all()
+        assert isinstance(info.value.__cause__, Internal)
+    else:
+        with pytest.raises(Internal, match="Horovod has been shut down"):
+            sched.wait_all()
+    sched.close()
+    for c in pair:
+        c.close()

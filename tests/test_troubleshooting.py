@@ -26,7 +26,8 @@ DOC = ROOT / "docs" / "troubleshooting.md"
 #: The modules whose messages reach users (construction, training, the command line, and the
 #: cost-model fit run while ``dcredit`` profiles or when ``plan``/``simulate`` read a profile).
 USER_FACING = ("optimizer.py", "config.py", "scheduler.py", "updates.py", "device.py",
-               "policies/*.py", "__main__.py", "blocks.py", "costmodel.py", "__init__.py")
+               "policies/*.py", "__main__.py", "blocks.py", "costmodel.py", "__init__.py",
+               "liveness.py")
 
 #: (file, exception, start of the message or None for any): why it is not documented.
 SKIPPED = {

@@ -4,7 +4,8 @@
 
 ``python peer_lost.py MODE``:
 
-* ``exit``: rank 1 calls ``os._exit(1)`` at step ``FAIL_AT``; ``kill``: it sends itself SIGKILL.
+* ``exit``: rank 1 calls ``os._exit(1)`` at step ``FAIL_AT``; ``kill``: it sends itself SIGKILL;
+  ``stop``: SIGSTOP (frozen: alive for the launcher, silent for its peers).
   Rank 0 trains (``model=``, so it waits in the forward pass for its updates) far longer than the
   test allows, and ends only because the liveness channel told it its peer is gone.  An
   excepthook writes ``raised_at`` (time and exception type) when the training thread raises.
@@ -63,8 +64,8 @@ for step in range(STEPS if MODE == "stall" else 1_000_000):
             fh.write(repr(time.time()))
         if MODE == "exit":
             os._exit(1)
-        if MODE == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
+        if MODE in ("kill", "stop"):
+            os.kill(os.getpid(), signal.SIGKILL if MODE == "kill" else signal.SIGSTOP)
         end = time.monotonic() + STALL_S       # alive, busy, late: a long evaluation
         while time.monotonic() < end:
             sum(range(1000))
