@@ -96,7 +96,9 @@ def table(data: dict) -> str:
              f"only {data['communication']['seconds_per_iteration'] * 1e3:.0f} ms, lower bound "
              f"{bound * 1e3:.0f} ms" + (
                  f"; the links need {data['link']['seconds'] * 1e3:.0f} ms for the gradients under "
-                 f"this all-reduce" if data.get("link") else ""), "",
+                 f"this all-reduce" if data.get("link") else "") + (
+                 f"; the simulator adds {simulated['untracked_compute_s'] * 1e3:.0f} ms of compute "
+                 "outside the profiled layers" if simulated.get("untracked_compute_s") else ""), "",
              "| policy | ms / iteration | img/s per rank (mean +- 1.96 std) | x lower bound "
              "| speed-up over horovod | over ddp | simulated ms | simulator error "
              "| link-model ms | link-model error |",
