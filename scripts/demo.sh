@@ -22,4 +22,4 @@ exec ./scripts/vcluster.sh 2 "$RATE" -- \
     "$VENV/bin/python" -m dcredit_hvd.bench --model vgg16 \
         --model-arg width=16 --model-arg image_size=32 --model-arg hidden=1024 \
         --batch-size 16 --num-warmup-batches 2 --num-batches-per-iter 3 \
-        --num-iters "${DEMO_ITERS:-5}" --policy "$POLICIES" --json "results/demo-2h-$RATE.json"
+        --num-iters "${DEMO_ITERS:-8}" --policy "$POLICIES" --json "results/demo-2h-$RATE.json"
