@@ -220,7 +220,7 @@ def watch_peers(process_set: Any = None, config: Any = None) -> Any:
     key = (getattr(process_set, "process_set_id", None), process_set.size(), process_set.rank())
     if key not in _channels:
         channel = liveness.Liveness(process_set.rank(), process_set.size(), config,
-                                    exit_on_loss=True)
+                                    exit_on_loss=True, needed=hvd.is_initialized)
         table = allgather_object(channel.address(), process_set, "dcredit.liveness")
         channel.start(table)
         _channels[key] = channel

@@ -150,7 +150,7 @@ class _Peer:
 class Liveness:
     """A heartbeat mesh among ``size`` ranks: construct, publish ``address()``, ``start(table)``.
 
-    ``on_loss`` callbacks (``subscribe``) run in a fresh thread, never in the heartbeat thread,
+    Loss callbacks (``subscribe``) run in a fresh thread, never in the heartbeat thread,
     so one that blocks cannot stop detection.  With ``exit_on_loss`` the process is ended
     ``exit_seconds`` after a loss unless it exited by itself (and at interpreter exit at once,
     which skips Horovod's shutdown: it would wait for ever for the dead peer).
@@ -158,9 +158,13 @@ class Liveness:
 
     def __init__(self, rank: int, size: int, config: Settings = Settings(), *,
                  bind: str = "", advertise: Optional[list[str]] = None,
-                 exit_on_loss: bool = False) -> None:
+                 exit_on_loss: bool = False,
+                 needed: Optional[Callable[[], bool]] = None) -> None:
         self.rank, self.size, self.config = rank, size, config
         self.exit_on_loss = exit_on_loss
+        #: Whether the peers are still needed (``comm``: Horovod is initialised); a peer lost
+        #: after the job's collectives are over (``hvd.shutdown()``) is no reason to fail.
+        self._needed = needed
         self._listener = socket.create_server((bind, 0), backlog=max(8, size))
         self._listener.setblocking(False)
         self._port = self._listener.getsockname()[1]
@@ -474,6 +478,8 @@ class Liveness:
     def _declare(self, peer: _Peer, what: str, detail: str) -> None:
         if self._said_goodbye:
             return    # this rank is leaving: peers close their ends on its goodbye
+        if self._needed is not None and not self._needed():
+            return
         event = PeerEvent(peer.rank, peer.host, peer.pid, what, detail, time.time())
         with self._lock:
             first = not self._lost
@@ -534,5 +540,15 @@ def _local_addresses() -> list[str]:
             address = info[4][0]
             if address not in addresses and not address.startswith("127."):
                 addresses.append(address)
+    try:
+        # The source address of the default route (a UDP connect sends nothing): covers hosts
+        # whose name resolves to loopback only (Debian's 127.0.1.1).
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(("192.0.2.1", 9))
+            address = probe.getsockname()[0]
+        if address not in addresses and not address.startswith("127."):
+            addresses.append(address)
+    except OSError:
+        pass
     addresses.append("127.0.0.1")
     return addresses

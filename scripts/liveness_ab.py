@@ -4,7 +4,10 @@
     horovodrun -np 2 -H localhost:2 --gloo python scripts/liveness_ab.py
 
 One launch, alternating rounds (on, off, on, off, ...) of ``--steps`` timed iterations of the
-same training, so that drift in the machine's load falls on both sides alike.  Between rounds
+same training, so that drift in the machine's load falls on both sides alike; the figure is the
+median over adjacent (on, off) pairs of their ratio.  Because iteration times on a shared
+machine are noisy, it also reads the channel thread's own CPU time (``/proc``'s ``schedstat``,
+nanoseconds): what the channel takes from the training, free of that noise.  Between rounds
 the channel is closed or started again (``comm.watch_peers``: an address all-gather); the
 optimizer itself is built with ``DCREDIT_LIVENESS=0`` so that only this script decides.  Rank 0
 prints each round's mean iteration time, then both medians and their difference.
@@ -25,6 +28,15 @@ import torch.nn.functional as F  # noqa: E402
 
 import dcredit_hvd  # noqa: E402
 from dcredit_hvd import comm, liveness  # noqa: E402
+
+
+def _thread_cpu_ns(native_id: int) -> int:
+    """CPU time a thread of this process has used, in ns (0 where /proc lacks schedstat)."""
+    try:
+        with open(f"/proc/self/task/{native_id}/schedstat") as fh:
+            return int(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def main() -> None:
@@ -57,14 +69,18 @@ def main() -> None:
     train(args.warmup)
     config = liveness.Settings(interval=args.interval, timeout=max(10.0, 2 * args.interval))
     times: dict[bool, list[float]] = {True: [], False: []}
+    thread_cpu_ns, on_seconds = 0, 0.0
     for round_ in range(args.rounds):
         on = round_ % 2 == 0
         channel = comm.watch_peers(config=config) if on else None
         if on:
             assert channel is not None and channel.wait_connected(10.0), "channel not up"
+        started = time.perf_counter()
         mean = train(args.steps)
         times[on].append(mean)
         if channel is not None:
+            on_seconds += time.perf_counter() - started
+            thread_cpu_ns += _thread_cpu_ns(channel._thread.native_id)
             channel.goodbye()
             hvd.allreduce(torch.zeros(1), name=f"ab.barrier.{round_}")   # both said goodbye
             channel.close()
@@ -76,9 +92,13 @@ def main() -> None:
         on_ms = statistics.median(times[True]) * 1e3
         off_ms = statistics.median(times[False]) * 1e3
         spread = statistics.pstdev(times[False]) / statistics.mean(times[False]) * 100
-        print(f"median ms/iter: on {on_ms:.3f}, off {off_ms:.3f}, difference "
-              f"{(on_ms - off_ms) / off_ms * 100:+.2f} % (spread of the off rounds: "
+        ratios = [a / b for a, b in zip(times[True], times[False])]
+        print(f"median ms/iter: on {on_ms:.3f}, off {off_ms:.3f}; median on/off ratio of "
+              f"adjacent rounds {statistics.median(ratios):.4f} (spread of the off rounds: "
               f"{spread:.1f} %; {hvd.size()} ranks, heartbeat every {args.interval:g} s)",
+              flush=True)
+        print(f"liveness thread CPU on rank 0: {thread_cpu_ns / 1e6:.2f} ms in {on_seconds:.1f} s "
+              f"of training = {thread_cpu_ns / 1e9 / on_seconds * 100:.4f} % of one core",
               flush=True)
     opt.apply_pending_updates()
 

@@ -194,9 +194,9 @@ def test_a_connection_with_the_wrong_token_is_refused_and_watching_goes_on():
 
 
 def test_a_peer_address_that_does_not_answer_is_skipped_for_the_next_one():
-    """192.0.2.1 (TEST-NET-1) is never routed: refused or silent, then 127.0.0.1 is tried."""
+    """198.51.100.1 (TEST-NET-2) is never served: refused or silent, then 127.0.0.1 is tried."""
     channels = [Liveness(0, 2, FAST, advertise=["127.0.0.1"]),
-                Liveness(1, 2, FAST, advertise=["192.0.2.1", "127.0.0.1"])]
+                Liveness(1, 2, FAST, advertise=["198.51.100.1", "127.0.0.1"])]
     table = [c.address() for c in channels]
     try:
         for c in channels:
@@ -251,6 +251,24 @@ def test_after_its_own_goodbye_a_rank_mourns_no_peer_that_closes():
         channels[1].close()
         time.sleep(5 * FAST.interval)
         assert channels[0].lost == [] and channels[1].lost == []
+    finally:
+        for c in channels:
+            c.close()
+
+
+def test_a_peer_lost_when_the_peers_are_no_longer_needed_is_no_loss():
+    """After ``hvd.shutdown()`` (``needed`` is False) a peer's crash fails nothing here."""
+    needed = [True]
+    channels = [Liveness(0, 2, FAST, advertise=["127.0.0.1"], needed=lambda: needed[0]),
+                Liveness(1, 2, FAST, advertise=["127.0.0.1"])]
+    table = [c.address() for c in channels]
+    for c in channels:
+        c.start(table)
+    try:
+        assert channels[0].wait_connected(10.0)
+        needed[0] = False
+        channels[1].close()
+        assert channels[0].wait_lost(1.0) == []
     finally:
         for c in channels:
             c.close()
