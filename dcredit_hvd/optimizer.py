@@ -627,7 +627,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return amplified
 
     def _wait_for_reads(self, params: list) -> None:
-        """The read guard's wait: ``params`` are about to be read while their update is owed."""
+        """The read guard's wait: ``params`` are about to be read while their update is owed.
+        With a timeline, a wait that blocked shows on the forward track (exposed communication)."""
+        started = time.perf_counter() if self._timeline is not None else 0.0
         try:
             self._updater.wait(params)
         except (SchedulerError, comm.HorovodInternalError) as exc:
@@ -635,6 +637,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 raise
             raise SchedulerError(_SHUTDOWN_IN_FLIGHT) from exc
         follow(self._cuda_stream)
+        if self._timeline is not None and time.perf_counter() - started > 20e-6:
+            names = [self._parameter_names.get(p, "?") for p in params]
+            self._timeline.layer("forward", f"wait for update: {', '.join(names[:3])}"
+                                 f"{' ...' if len(names) > 3 else ''}", started,
+                                 time.perf_counter(), parameters=names)
 
     def apply_pending_updates(self) -> None:
         """Block until every update owed by the last ``step()`` is applied.
