@@ -526,7 +526,8 @@ def print_table(results: dict[str, Any]) -> None:
           "model: the same with the links' seconds per byte under this all-reduce")
     if simulated.get("untracked_compute_s"):
         print(f"  both add {simulated['untracked_compute_s'] * 1e3:.1f} ms of compute the profile's "
-              "layers miss (compute only minus the profile: tied head, loss)")
+              "layers miss (compute only minus the profile: work outside them, such as a tied head "
+              "and the loss)")
     note = results.get("energy")
     if note is None:
         print("energy J/iter: n/a on --device cpu (GPU energy only, with --device cuda)")
