@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from . import liveness
 from .policies import POLICIES
 
 _UNITS = {
@@ -117,6 +118,17 @@ class SchedulerConfig:
     #: fails a test every run instead of once in many.  0 (default): off.
     #: ``DCREDIT_RACE_AMPLIFIER``.
     race_amplifier: float = 0.0
+    #: The liveness channel (``liveness.py``): a TCP heartbeat between the ranks, so that a
+    #: dead peer ends the job in seconds.  On/off (``DCREDIT_LIVENESS``), seconds between
+    #: heartbeats (``DCREDIT_LIVENESS_INTERVAL``), silence after which a peer is lost
+    #: (``DCREDIT_LIVENESS_TIMEOUT``, at least two heartbeats), and seconds the training thread
+    #: has to raise and exit after a loss before the process is ended
+    #: (``DCREDIT_LIVENESS_EXIT_SECONDS``; 0: never forced).  Read at the first optimizer of a
+    #: process set, which starts the channel.
+    liveness: bool = True
+    liveness_interval: float = 1.0
+    liveness_timeout: float = 10.0
+    liveness_exit_seconds: float = 10.0
     #: Where each field's value came from ("keyword", "environment", "default").
     sources: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -132,6 +144,10 @@ class SchedulerConfig:
         "profile_out": "DCREDIT_PROFILE_OUT",
         "cuda_staging": "DCREDIT_CUDA_STAGING",
         "race_amplifier": "DCREDIT_RACE_AMPLIFIER",
+        "liveness": "DCREDIT_LIVENESS",
+        "liveness_interval": "DCREDIT_LIVENESS_INTERVAL",
+        "liveness_timeout": "DCREDIT_LIVENESS_TIMEOUT",
+        "liveness_exit_seconds": "DCREDIT_LIVENESS_EXIT_SECONDS",
     }
 
     @classmethod
@@ -154,7 +170,13 @@ class SchedulerConfig:
                 sources[name] = "default"
         config = cls(**{k: cls._validate(k, v, sources[k]) for k, v in raw.items()})
         config.sources = sources
+        config.liveness_settings()                 # the rule between the liveness fields
         return config
+
+    def liveness_settings(self) -> liveness.Settings:
+        return liveness.check(liveness.Settings(
+            enabled=self.liveness, interval=self.liveness_interval,
+            timeout=self.liveness_timeout, exit_seconds=self.liveness_exit_seconds))
 
     @classmethod
     def _validate(cls, name: str, value: Any, source: str) -> Any:
@@ -179,6 +201,9 @@ class SchedulerConfig:
             return str(value)
         if name == "cuda_staging":
             return _parse_switch(value, what)
+        if name.startswith("liveness"):
+            return liveness.validate(name.removeprefix("liveness_") if name != "liveness"
+                                     else "enabled", value, what)
         raise AssertionError(name)
 
     def explicit(self, name: str) -> bool:

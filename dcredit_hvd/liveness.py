@@ -68,42 +68,46 @@ _SWITCH = {"1": True, "true": True, "yes": True, "on": True,
            "0": False, "false": False, "no": False, "off": False}
 
 
-def settings(environ: Optional[Mapping[str, str]] = None, **keywords: Any) -> Settings:
-    """Keyword (when not None) > ``DCREDIT_LIVENESS*`` variable > default, validated.
+def validate(name: str, raw: Any, what: str) -> Any:
+    """One setting (a ``Settings`` field name), validated; ``what`` names it in the error.
+    ``config.SchedulerConfig`` validates its ``liveness*`` fields here too (one rule each)."""
+    if name == "enabled":
+        key = str(raw).strip().lower() if not isinstance(raw, bool) else str(int(raw))
+        if key not in _SWITCH:
+            raise ValueError(f"{what} must be 1 or 0 (also true/false, yes/no, on/off), "
+                             f"got {raw!r}")
+        return _SWITCH[key]
+    try:
+        number = float(raw)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be a number of seconds, got {raw!r}") from None
+    low_ok = number >= 0 if name == "exit_seconds" else number > 0
+    if not (low_ok and number < float("inf")):
+        bound = ">= 0" if name == "exit_seconds" else "> 0"
+        raise ValueError(f"{what} must be a finite number of seconds {bound}, got {raw!r}")
+    return number
 
-    A stand-in for the fields of ``config.SchedulerConfig`` until they are added there.
-    """
-    environ = os.environ if environ is None else environ
-    values: dict[str, Any] = {}
-    for name, var in ENV.items():
-        if keywords.get(name) is not None:
-            raw, what = keywords[name], name
-        elif environ.get(var, "").strip():
-            raw, what = environ[var], f"{var} (environment)"
-        else:
-            continue
-        if name == "enabled":
-            key = str(raw).strip().lower() if not isinstance(raw, bool) else str(int(raw))
-            if key not in _SWITCH:
-                raise ValueError(f"{what} must be 1 or 0 (also true/false, yes/no, on/off), "
-                                 f"got {raw!r}")
-            values[name] = _SWITCH[key]
-            continue
-        try:
-            number = float(raw)
-        except (TypeError, ValueError):
-            raise ValueError(f"{what} must be a number of seconds, got {raw!r}") from None
-        low_ok = number >= 0 if name == "exit_seconds" else number > 0
-        if not (low_ok and number < float("inf")):
-            bound = ">= 0" if name == "exit_seconds" else "> 0"
-            raise ValueError(f"{what} must be a finite number of seconds {bound}, got {raw!r}")
-        values[name] = number
-    result = Settings(**values)
+
+def check(result: Settings) -> Settings:
+    """The rule between fields: a timeout of at least two heartbeats."""
     if result.timeout < 2 * result.interval:
         raise ValueError(f"liveness timeout ({result.timeout:g} s, {ENV['timeout']}) must be at "
                          f"least twice the heartbeat interval ({result.interval:g} s, "
                          f"{ENV['interval']}), or one late heartbeat declares a live peer lost")
     return result
+
+
+def settings(environ: Optional[Mapping[str, str]] = None, **keywords: Any) -> Settings:
+    """Keyword (when not None) > ``DCREDIT_LIVENESS*`` variable > default, validated: for a
+    channel started without an optimizer's ``SchedulerConfig`` (``comm.watch_peers()``)."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for name, var in ENV.items():
+        if keywords.get(name) is not None:
+            values[name] = validate(name, keywords[name], name)
+        elif environ.get(var, "").strip():
+            values[name] = validate(name, environ[var], f"{var} (environment)")
+    return check(Settings(**values))
 
 
 @dataclass(frozen=True)

@@ -175,7 +175,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             poll_seconds=config.poll_seconds, stall_seconds=config.stall_seconds,
             stall_abort_seconds=config.stall_abort_seconds,
             timeline=timeline.from_env(comm.rank()),
-            passthrough=(comm.HorovodInternalError,))
+            passthrough=(comm.HorovodInternalError,),
+            # A dead peer raises PeerLostError in seconds (liveness.py); elastic jobs rely on
+            # Horovod's own failure detection and reset instead.
+            liveness=None if self._elastic else comm.watch_peers(self._process_set,
+                                                                   config.liveness_settings()))
         self._timeline = self._scheduler.timeline
         self._last_ready = None             # for the backward track of the timeline
         self._updater = ParameterUpdater(self, self._dcredit_base, self._scheduler.check,
@@ -788,7 +792,11 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          profile_steps: Optional[int] = None,
                          profile_out: Optional[str] = None,
                          cuda_staging: Optional[bool] = None,
-                         race_amplifier: Optional[float] = None):
+                         race_amplifier: Optional[float] = None,
+                         liveness: Optional[bool] = None,
+                         liveness_interval: Optional[float] = None,
+                         liveness_timeout: Optional[float] = None,
+                         liveness_exit_seconds: Optional[float] = None):
     """Wrap ``optimizer`` so its gradients are all-reduced by the scheduler.
 
     Arguments up to ``process_set`` are ``hvd.DistributedOptimizer``'s, with the same defaults
@@ -811,6 +819,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     * ``race_amplifier``: seconds; for tests, random sleeps up to this long in the background
       thread and the overlapped updates, so that ordering bugs show (``amplifier.py``).
       ``DCREDIT_RACE_AMPLIFIER``.
+    * ``liveness``, ``liveness_interval``, ``liveness_timeout``, ``liveness_exit_seconds``: the
+      heartbeat channel that turns a dead peer into ``PeerLostError`` within seconds
+      (``liveness.py``); read by the first optimizer of a process set.  ``DCREDIT_LIVENESS*``.
     """
     if gradient_predivide_factor != 1.0:
         if op != hvd.Average:
@@ -841,7 +852,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                                      stall_abort_seconds=stall_abort_seconds,
                                      profile_warmup=profile_warmup, profile_steps=profile_steps,
                                      profile_out=profile_out, cuda_staging=cuda_staging,
-                                     race_amplifier=race_amplifier)
+                                     race_amplifier=race_amplifier, liveness=liveness,
+                                     liveness_interval=liveness_interval,
+                                     liveness_timeout=liveness_timeout,
+                                     liveness_exit_seconds=liveness_exit_seconds)
     base = optimizer.__class__
     namespace = dict(_DistributedOptimizer.__dict__)
     namespace["_dcredit_base"] = base
