@@ -15,9 +15,9 @@
 # launch ranks on the hosts exactly as on a real cluster: Open MPI through a remote-shell agent
 # (OMPI_MCA_plm_rsh_agent) and horovodrun through an `ssh` shim first on PATH, both of which run
 # the remote command with `ip netns exec` in the host's namespaces, in a fresh login-like
-# environment (HOME, PATH, LANG and VCLUSTER_* only: pass variables with `mpirun -x`, as with ssh). Names come
-# from /etc/netns/<namespace>/hosts, which `ip netns exec` bind-mounts over /etc/hosts. Host
-# addresses (10.77.0.0/24) exist only inside the namespaces; there is no route out.
+# environment (HOME, PATH, LANG and VCLUSTER_* only: pass variables with `mpirun -x`, as with
+# ssh). Names come from /etc/netns/<namespace>/hosts, which `ip netns exec` bind-mounts over
+# /etc/hosts. Host addresses (10.77.0.0/16) exist only inside the namespaces; no route out.
 # Also set for COMMAND: OMPI_MCA_{btl,oob}_tcp_if_include=eth0, HOROVOD_GLOO_IFACE=eth0,
 # GLOO_SOCKET_IFNAME=eth0, VCLUSTER_HOSTS (h0,h1,...), VCLUSTER_RATE, VCLUSTER_N.
 #
@@ -31,7 +31,7 @@
 # no fallback to an unshaped run.
 set -uo pipefail
 
-die() { echo "vcluster.sh: error: $*" >&2; exit "${2:-2}"; }
+die() { echo "vcluster.sh: error: $1" >&2; exit "${2:-2}"; }
 usage="usage: scripts/vcluster.sh [--delay TIME] N RATE -- COMMAND...   (e.g. 2 1gbit -- mpirun -np 2 -H h0,h1 hostname)"
 
 delay=${VCLUSTER_DELAY:-}
