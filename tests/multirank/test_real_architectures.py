@@ -8,7 +8,6 @@ that read races the overlapped updates, and only the read guard makes it safe.
 """
 from __future__ import annotations
 
-import os
 import warnings
 
 import horovod.torch as hvd
@@ -74,20 +73,10 @@ def _same_on_every_rank(params: list[torch.Tensor]) -> bool:
     return bool((gathered == gathered[0]).all())
 
 
-def _cases() -> list:
-    """Every architecture x policy x optimizer x with/without ``model=``.  With
-    ``DCREDIT_TEST_ARCH_MATRIX=overlap`` (``make test-gloo``, whose launcher is slower), every
-    architecture x policy with ``model=`` and AdamW: the mode a second launcher can break."""
-    full = [(n, p, o, m) for n in sorted(ARCHITECTURES) for p in POLICIES
-            for o in sorted(OPTIMIZERS) for m in (True, False)]
-    if os.environ.get("DCREDIT_TEST_ARCH_MATRIX", "full") == "overlap":
-        return [case for case in full if case[2] == "adamw" and case[3]]
-    return full
-
-
-@pytest.mark.parametrize(("name", "policy", "opt_name", "with_model"), _cases(),
-                         ids=lambda v: ("model" if v else "no-model") if isinstance(v, bool)
-                         else str(v))
+@pytest.mark.parametrize("with_model", [True, False], ids=["model", "no-model"])
+@pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
 def test_real_architecture_matches_plain_horovod_on_every_rank(name, policy, opt_name,
                                                                with_model):
     expected = reference(name, opt_name)
