@@ -150,7 +150,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._membership = self._current_membership()
         self._membership_lost = False       # a failed collective: elastic will re-initialise
         # With the model known, step() returns at once and each parameter is updated when its
-        # gradient is reduced; the next forward waits per layer (docs/design.md, "Overlap").
+        # gradient is reduced; every read of a parameter waits for its own update (read guard,
+        # docs/design.md, "Overlap").
         self._overlap = model is not None
         self._amplify = RaceAmplifier(config.race_amplifier)
         # Every read of a parameter whose update is owed waits for it (readguard.py); the same
@@ -630,17 +631,25 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return call(*args, **kwargs)
         return amplified
 
-    def _wait_for_reads(self, params: list) -> None:
-        """The read guard's wait: ``params`` are about to be read while their update is owed.
-        With a timeline, a wait that blocked shows on the forward track (exposed communication)."""
-        started = time.perf_counter() if self._timeline is not None else 0.0
+    @contextmanager
+    def _lost_to_shutdown_reported(self):
+        """A wait for owed updates that fails because ``hvd.shutdown()`` dropped their
+        all-reduces raises ``_SHUTDOWN_IN_FLIGHT`` (what happened and the fix), not Horovod's
+        handle error."""
         try:
-            self._updater.wait(params)
+            yield
         except (SchedulerError, comm.HorovodInternalError) as exc:
             if self._elastic or comm.is_initialized():
                 raise
             raise SchedulerError(_SHUTDOWN_IN_FLIGHT) from exc
-        follow(self._cuda_stream)
+
+    def _wait_for_reads(self, params: list) -> None:
+        """The read guard's wait: ``params`` are about to be read while their update is owed.
+        With a timeline, a wait that blocked shows on the forward track (exposed communication)."""
+        started = time.perf_counter() if self._timeline is not None else 0.0
+        with self._lost_to_shutdown_reported():
+            self._updater.wait(params)
+            follow(self._cuda_stream)
         if self._timeline is not None and time.perf_counter() - started > 20e-6:
             names = [self._parameter_names.get(p, "?") for p in params]
             self._timeline.layer("forward", f"wait for update: {', '.join(names[:3])}"
@@ -650,24 +659,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def apply_pending_updates(self) -> None:
         """Block until every update owed by the last ``step()`` is applied.
 
-        Called automatically before the next backward sends anything, by the forward of each
-        layer (for its own parameters), by ``state_dict()``/``load_state_dict()`` of the model
-        and the optimizer, and at interpreter exit.  Call it yourself before reading
-        ``p.data`` directly between iterations.
+        Called automatically before the next backward sends anything, by
+        ``state_dict()``/``load_state_dict()`` of the model and the optimizer, and at
+        interpreter exit.  A single read of a parameter needs no call: the read guard makes it
+        wait for that parameter's own update (``readguard.py``).
         """
         if not (self._enabled and self._step_in_flight):
             return
         self._follow_membership()
         if not self._step_in_flight:
             return
-        try:
+        with self._lost_to_shutdown_reported():
             self._scheduler.wait_all()
             self._updater.drain()
             follow(self._cuda_stream)
-        except (SchedulerError, comm.HorovodInternalError) as exc:
-            if self._elastic or comm.is_initialized():
-                raise
-            raise SchedulerError(_SHUTDOWN_IN_FLIGHT) from exc
         self._step_in_flight = False
         self._end_iteration()
 
@@ -684,9 +689,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Update the parameters from the reduced gradients.
 
         With ``model=`` given, returns as soon as everything is sent: each parameter is updated
-        by this optimizer's own ``step`` as soon as its gradient is reduced, and the next forward
-        waits per layer.  Otherwise (and after ``synchronize()``, with a closure, or while
-        ``dcredit`` profiles) it waits for every gradient, as Horovod does.
+        by this optimizer's own ``step`` as soon as its gradient is reduced, and any read of it
+        waits for that update (the read guard).  Otherwise (and after ``synchronize()``, with a
+        closure, or while ``dcredit`` profiles) it waits for every gradient, as Horovod does.
         """
         if self._should_synchronize and self._synchronized:
             warnings.warn(_DOUBLE_SYNC, stacklevel=2)

@@ -156,10 +156,6 @@ class ReadGuard:
             order, self._first_reads = self._first_reads, []
         return order
 
-    @property
-    def observing(self) -> bool:
-        return bool(self._observed)
-
     # -- the check every operation on a guarded parameter runs ------------------------------------
     def before(self, func: Any, args: tuple, kwargs: dict) -> None:
         if func in _METADATA:
