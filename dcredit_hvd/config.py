@@ -77,6 +77,12 @@ def _parse_switch(value: Any, what: str) -> Optional[bool]:
     return _SWITCH[key]
 
 
+#: ``SchedulerConfig`` field -> ``liveness.Settings`` field, validated by ``liveness.validate``.
+_LIVENESS_SETTING = {field: name for name, field in liveness.CONFIG_FIELD.items()}
+#: Their variables (in the class body, ``liveness`` names the field, not the module).
+_LIVENESS_ENV = {field: liveness.ENV[name] for name, field in liveness.CONFIG_FIELD.items()}
+
+
 @dataclass
 class SchedulerConfig:
     """Everything the scheduler can be told.  See README "Configuration"."""
@@ -144,10 +150,7 @@ class SchedulerConfig:
         "profile_out": "DCREDIT_PROFILE_OUT",
         "cuda_staging": "DCREDIT_CUDA_STAGING",
         "race_amplifier": "DCREDIT_RACE_AMPLIFIER",
-        "liveness": "DCREDIT_LIVENESS",
-        "liveness_interval": "DCREDIT_LIVENESS_INTERVAL",
-        "liveness_timeout": "DCREDIT_LIVENESS_TIMEOUT",
-        "liveness_exit_seconds": "DCREDIT_LIVENESS_EXIT_SECONDS",
+        **_LIVENESS_ENV,
     }
 
     @classmethod
@@ -175,8 +178,7 @@ class SchedulerConfig:
 
     def liveness_settings(self) -> liveness.Settings:
         return liveness.check(liveness.Settings(
-            enabled=self.liveness, interval=self.liveness_interval,
-            timeout=self.liveness_timeout, exit_seconds=self.liveness_exit_seconds))
+            **{name: getattr(self, field) for name, field in liveness.CONFIG_FIELD.items()}))
 
     @classmethod
     def _validate(cls, name: str, value: Any, source: str) -> Any:
@@ -201,9 +203,8 @@ class SchedulerConfig:
             return str(value)
         if name == "cuda_staging":
             return _parse_switch(value, what)
-        if name.startswith("liveness"):
-            return liveness.validate(name.removeprefix("liveness_") if name != "liveness"
-                                     else "enabled", value, what)
+        if name in _LIVENESS_SETTING:
+            return liveness.validate(_LIVENESS_SETTING[name], value, what)
         raise AssertionError(name)
 
     def explicit(self, name: str) -> bool:

@@ -64,6 +64,9 @@ class Settings:
 
 ENV = {"enabled": "DCREDIT_LIVENESS", "interval": "DCREDIT_LIVENESS_INTERVAL",
        "timeout": "DCREDIT_LIVENESS_TIMEOUT", "exit_seconds": "DCREDIT_LIVENESS_EXIT_SECONDS"}
+#: The ``config.SchedulerConfig`` field that carries each setting.
+CONFIG_FIELD = {"enabled": "liveness", "interval": "liveness_interval",
+                "timeout": "liveness_timeout", "exit_seconds": "liveness_exit_seconds"}
 _SWITCH = {"1": True, "true": True, "yes": True, "on": True,
            "0": False, "false": False, "no": False, "off": False}
 
@@ -99,15 +102,12 @@ def check(result: Settings) -> Settings:
 
 def settings(environ: Optional[Mapping[str, str]] = None, **keywords: Any) -> Settings:
     """Keyword (when not None) > ``DCREDIT_LIVENESS*`` variable > default, validated: for a
-    channel started without an optimizer's ``SchedulerConfig`` (``comm.watch_peers()``)."""
-    environ = os.environ if environ is None else environ
-    values: dict[str, Any] = {}
-    for name, var in ENV.items():
-        if keywords.get(name) is not None:
-            values[name] = validate(name, keywords[name], name)
-        elif environ.get(var, "").strip():
-            values[name] = validate(name, environ[var], f"{var} (environment)")
-    return check(Settings(**values))
+    channel started without an optimizer (``comm.watch_peers()``).  The same resolution as the
+    optimizer's: ``config.SchedulerConfig``, whose ``liveness*`` fields these are."""
+    from .config import SchedulerConfig  # config imports this module
+
+    fields = {CONFIG_FIELD[name]: value for name, value in keywords.items()}
+    return SchedulerConfig.resolve(environ, **fields).liveness_settings()
 
 
 @dataclass(frozen=True)
