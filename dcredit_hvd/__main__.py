@@ -197,7 +197,7 @@ def _load_measured(path: str):
         cost = CostModel(a=float(c["a"]), b=float(c["b"]), residual=c.get("residual"),
                          r2=c.get("r2"))
         profile = Profile.from_lists(p["names"], p["nbytes"], p["element_size"], p["t_f"],
-                                     p["t_b"], p.get("t_u") or ())
+                                     p["t_b"], p.get("t_u") or (), p.get("kinds") or ())
     except (KeyError, TypeError) as exc:
         raise ValueError(f"profile {path!r} lacks a field or has a wrong type: {exc!r}; expected "
                          f"{{'cost': {{'a', 'b', ...}}, 'profile': {{'names', 'nbytes', "

@@ -480,7 +480,7 @@ def with_untracked_compute(profile: Any, compute: dict[str, Any] | None) -> tupl
     t_f[-1] += missing / 3
     t_b[-1] += 2 * missing / 3
     return Profile.from_lists(profile.names, profile.nbytes, profile.element_size, t_f, t_b,
-                              profile.t_u), missing
+                              profile.t_u, profile.kinds), missing
 
 
 def network_model(cost: Any, link: dict[str, Any] | None) -> Any:

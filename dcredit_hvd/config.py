@@ -93,6 +93,12 @@ class SchedulerConfig:
     #: ByteScheduler's default, 1M float32 elements.  Under ``dcredit`` the planner chooses the
     #: partition unless this is given explicitly (keyword or environment).
     partition_bytes: int = 4_000_000
+    #: ``dcredit``: runs of consecutive gradients, each smaller than this many bytes, of one
+    #: dtype and on the CPU, share one flat buffer and travel as one unit of blocks
+    #: (``blocks.group_runs``, ``docs/algorithm.md`` §2b); 0: never.  Unless given, the planner
+    #: chooses it together with the partition (``planning.GROUP_CANDIDATES``).
+    #: ``DCREDIT_GROUP_BYTES``.
+    group_bytes: int = 1 << 20
     #: Bytes in flight allowed by ``bytescheduler``.  ``DCREDIT_CREDIT_BYTES``.
     #: ByteScheduler's default, 4M float32 elements.
     credit_bytes: int = 16_000_000
@@ -141,6 +147,7 @@ class SchedulerConfig:
     ENV = {
         "policy": "DCREDIT_POLICY",
         "partition_bytes": "DCREDIT_PARTITION_BYTES",
+        "group_bytes": "DCREDIT_GROUP_BYTES",
         "credit_bytes": "DCREDIT_CREDIT_BYTES",
         "poll_seconds": "DCREDIT_POLL_SECONDS",
         "stall_seconds": "DCREDIT_STALL_SECONDS",
@@ -191,6 +198,8 @@ class SchedulerConfig:
             return policy
         if name in ("partition_bytes", "credit_bytes"):
             return parse_bytes(value, what)
+        if name == "group_bytes":
+            return 0 if str(value).strip() == "0" else parse_bytes(value, what + " (0: never)")
         if name in ("poll_seconds", "stall_seconds", "race_amplifier"):
             return _parse_float(value, what, 0.0)
         if name == "stall_abort_seconds":

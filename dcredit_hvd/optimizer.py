@@ -236,6 +236,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                            for p in self._order],
             "policy": self._config.policy,
             "partition_bytes": self._config.partition_bytes,
+            "group_bytes": self._config.group_bytes,
             "backward_passes_per_step": backward_passes_per_step,
             "op": str(self._op),
             "compression": getattr(self._compression, "__name__", type(self._compression).__name__),
@@ -283,12 +284,30 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         sample, _ = self._compression.compress(torch.zeros(1, dtype=p.dtype, device=p.device))
         return sample.element_size()
 
-    def _build_layouts(self, partition_bytes: Optional[int]) -> list[TensorLayout]:
-        self._index = {p: l for l, p in enumerate(self._order)}
-        return build_layout([self._parameter_names[p] for p in self._order],
-                            [p.numel() for p in self._order],
-                            [self._element_size(p) for p in self._order],
-                            partition_bytes)
+    def _build_layouts(self, partition_bytes: Optional[int],
+                       groups: tuple[int, ...] = ()) -> list[TensorLayout]:
+        """The units of ``self._order`` (``groups``: runs sharing a flat buffer, from the plan)
+        and, per parameter, its unit and its offset in the unit's buffer."""
+        layouts = build_layout([self._parameter_names[p] for p in self._order],
+                               [p.numel() for p in self._order],
+                               [self._element_size(p) for p in self._order],
+                               partition_bytes, groups=groups)
+        self._index, self._offset, self._members = {}, {}, []
+        for layout in layouts:
+            params = [self._order[i] for i in layout.members]
+            offset = 0
+            for p, numel in zip(params, layout.member_numels):
+                self._index[p], self._offset[p] = layout.index, offset
+                offset += numel
+            self._members.append(params)
+        self._buffers: dict[int, torch.Tensor] = {}    # grouped unit -> its flat buffer
+        self._arrived: dict[int, list] = {}            # grouped unit -> gradients copied in
+        return layouts
+
+    def _kind(self, p: torch.Tensor) -> str:
+        """``Profile.kinds``: tensors of one dtype on the CPU may share a flat buffer; CUDA
+        gradients are never grouped (their staging path, ``device.py``, is per tensor)."""
+        return "" if p.device.type != "cpu" else f"{p.dtype}"
 
     def _register_hooks(self, model: Optional[torch.nn.Module]) -> None:
         for p in self._requires_update:
@@ -357,7 +376,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         order = first_reads + [p for p in self._order if id(p) not in seen]
         if [id(p) for p in order] != [id(p) for p in self._order]:
             self._order = order
-            self._layouts = self._build_layouts(self._layouts_partition())
+            self._layouts = self._build_layouts(self._layouts_partition(),
+                                                self._plan.groups if self._plan else ())
             self._scheduler.policy.bind(self._layouts)
 
     def _layouts_partition(self) -> Optional[int]:
@@ -380,9 +400,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         cost, samples = measure_cost_model(total, self._process_set, device=device)
         payload = None
         if self._is_gate:
-            profile = profiler.profile(self._order, [t.name for t in self._layouts],
-                                       [t.nbytes for t in self._layouts],
-                                       [t.element_size for t in self._layouts])
+            sizes = [self._element_size(p) for p in self._order]
+            profile = profiler.profile(self._order, [self._parameter_names[p] for p in self._order],
+                                       [p.numel() * e for p, e in zip(self._order, sizes)],
+                                       sizes, [self._kind(p) for p in self._order])
             payload = planning.decide(profile, cost, self._config, overlap_forward=self._overlap)
         plan, profile, search = comm.broadcast_object(payload, root_rank=0,
                                                       process_set=self._process_set,
@@ -390,12 +411,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._plan = plan
         self._measured = (profile, cost)
         self._policy = make_policy(self._config, plan, overlap_forward=self._overlap)
-        self._layouts = self._build_layouts(plan.partition_bytes)
+        self._layouts = self._build_layouts(plan.partition_bytes, plan.groups)
         policy = self._policy if self._is_gate else Immediate()
         policy.bind(self._layouts)
         self._scheduler.policy = policy
         if self._timeline is not None:
-            self._timeline.mark("plan installed", partition_bytes=plan.partition_bytes)
+            self._timeline.mark("plan installed", partition_bytes=plan.partition_bytes,
+                                units=plan.num_tensors, tensors=plan.num_parameters,
+                                group_bytes=plan.group_bytes)
         if comm.rank() == 0:
             _setup_logging()
             planning.log(log, cost, samples, profile, plan, search, time.perf_counter() - started)
@@ -479,6 +502,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._step_in_flight = False
         self._pending.clear()
         self._queued.clear()
+        self._arrived.clear()
         for p in self._allreduce_delay:
             self._allreduce_delay[p] = self.backward_passes_per_step
 
@@ -516,9 +540,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             grad = p.grad = grad.to_dense()
         if not grad.is_contiguous():
             grad = p.grad = grad.contiguous()
-        flat = grad.view(-1)
         layout = self._layouts[self._index[p]]
-        left = [len(layout.blocks)]            # blocks of p not yet reduced (completion thread)
+        self._queued.add(p)
+        if layout.grouped:
+            flat = self._gather(layout, p, grad)
+            if flat is None:                   # other gradients of the unit are still to come
+                return
+            members = self._arrived.pop(layout.index)
+        else:
+            flat, members = grad.view(-1), [(p, grad)]
+        left = [len(layout.blocks)]            # blocks of the unit not yet reduced
+        unit_done = self._unit_done(layout, flat, members)
         cuda = self._cuda_transfer() if grad.is_cuda else None
         items = []
         for block in layout.blocks:
@@ -528,12 +560,40 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             ticket = cuda.prepare(block.name, payload) if cuda is not None else None
             if ticket is not None:
                 self._cuda_stream = ticket.stream
-            finish = self._block_done(p, view, ctx, write_back, left, ticket) \
-                if write_back or self._overlap or ticket is not None or self._amplify else None
+            finish = self._block_done(unit_done, view, ctx, write_back, left, ticket) \
+                if (write_back or unit_done is not None or ticket is not None
+                    or self._amplify) else None
             items.append(Item(block.key, 0, block, payload if ticket is None else ticket.sendable,
                               finish, context=ticket))
-        self._queued.add(p)
         self._scheduler.enqueue(layout.index, items)
+
+    def _gather(self, layout: TensorLayout, p, grad: torch.Tensor) -> Optional[torch.Tensor]:
+        """Copy ``p``'s gradient into its unit's flat buffer (allocated once, then reused);
+        the buffer once every member's gradient is in, else None (``docs/algorithm.md`` §2b)."""
+        buffer = self._buffers.get(layout.index)
+        if buffer is None or buffer.dtype != grad.dtype:
+            buffer = self._buffers[layout.index] = torch.empty(layout.numel, dtype=grad.dtype)
+        offset = self._offset[p]
+        buffer[offset:offset + grad.numel()].copy_(grad.view(-1))
+        arrived = self._arrived.setdefault(layout.index, [])
+        arrived.append((p, grad))
+        return buffer if len(arrived) == len(layout.members) else None
+
+    def _unit_done(self, layout: TensorLayout, flat: torch.Tensor, members: list):
+        """What follows the last block of a unit (completion thread): a grouped unit's reduced
+        buffer is copied back into each member's gradient, then (overlap) one update call
+        applies every member's update.  None when there is nothing to do."""
+        if not layout.grouped and not self._overlap:
+            return None
+
+        def done() -> None:
+            if layout.grouped:
+                for p, grad in members:
+                    offset = self._offset[p]
+                    grad.view(-1).copy_(flat[offset:offset + grad.numel()])
+            if self._overlap:
+                self._updater.reduced([p for p, _ in members])
+        return done
 
     def _cuda_transfer(self) -> CudaTransfer:
         """Created at the first CUDA gradient: direct when Horovod can reduce CUDA tensors and
@@ -548,11 +608,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                          "(Horovod CPU operations)")
         return self._cuda
 
-    def _block_done(self, p, view: torch.Tensor, ctx: Any, write_back: bool, left: list,
+    def _block_done(self, unit_done, view: torch.Tensor, ctx: Any, write_back: bool, left: list,
                     ticket: Optional[Ticket] = None):
         """Completion of one block: write back (compressed, or staged on the host), and once
-        every block of ``p`` is reduced, let the updater apply ``p``'s update (overlap).  CUDA
-        work is queued on the stream that produced the gradient (``device.py``, rule 2)."""
+        every block of the unit is reduced, run ``unit_done`` (``_unit_done``).  CUDA work is
+        queued on the stream that produced the gradient (``device.py``, rule 2)."""
         def finish(output: torch.Tensor) -> None:
             self._amplify()
             with (nullcontext(output) if ticket is None
@@ -562,8 +622,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 elif result is not view:          # staged: landed in the payload, not p.grad
                     view.copy_(result)
                 left[0] -= 1
-                if left[0] == 0 and self._overlap:
-                    self._updater.reduced(p)
+                if left[0] == 0 and unit_done is not None:
+                    unit_done()
         return finish
 
     def _submit_item(self, item: Item) -> int:
@@ -789,6 +849,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          model: Optional[torch.nn.Module] = None,
                          policy: Optional[str] = None,
                          partition_bytes: Any = None,
+                         group_bytes: Any = None,
                          credit_bytes: Any = None,
                          poll_seconds: Optional[float] = None,
                          stall_seconds: Optional[float] = None,
@@ -811,6 +872,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
       which forward uses parameters (priority: nearest the input first).
     * ``policy``: ``"dcredit"`` (default), ``"bytescheduler"`` or ``"wfbp"``.  ``DCREDIT_POLICY``.
     * ``partition_bytes``: largest block in bytes as sent (``"4MiB"`` accepted).
+    * ``group_bytes``: ``dcredit`` sends runs of consecutive gradients smaller than this from
+      one flat buffer (0: never); chosen by the planner unless given.
     * ``credit_bytes``: bytes in flight under ``bytescheduler``.
     * ``poll_seconds``: completion polling interval.
     * ``stall_seconds``, ``stall_abort_seconds``: log blocks that have not completed after the
@@ -852,6 +915,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     if model is not None and not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     config = SchedulerConfig.resolve(policy=policy, partition_bytes=partition_bytes,
+                                     group_bytes=group_bytes,
                                      credit_bytes=credit_bytes, poll_seconds=poll_seconds,
                                      stall_seconds=stall_seconds,
                                      stall_abort_seconds=stall_abort_seconds,

@@ -65,6 +65,12 @@ class Plan:
     #: next window waits for the previous one to complete); 2 lets window ``g+1`` go out while
     #: ``g`` is still in flight, so the link does not drain between windows.
     phase2_depth: int = 1
+    #: How the job's tensors form the units this plan counts (``blocks.group_runs``): member
+    #: counts per unit, consecutive in forward order; empty: one unit per tensor.  Chosen by
+    #: ``planning.decide`` together with ``partition_bytes`` (``docs/algorithm.md`` §2b).
+    groups: tuple[int, ...] = ()
+    #: The ``group_runs`` limit ``groups`` came from, for logs (0: none).
+    group_bytes: int = 0
 
     def __post_init__(self) -> None:
         m = self.blocks_per_tensor
@@ -105,6 +111,15 @@ class Plan:
         if (isinstance(self.phase2_depth, bool) or not isinstance(self.phase2_depth, numbers.Integral)
                 or self.phase2_depth < 1):
             raise ValueError(f"Plan: phase2_depth must be an int >= 1, got {self.phase2_depth!r}")
+        if self.groups and (len(self.groups) != L or any(
+                not isinstance(x, numbers.Integral) or x < 1 for x in self.groups)):
+            raise ValueError(f"Plan: groups needs one member count >= 1 per unit ({L} units), "
+                             f"got {self.groups!r}")
+
+    @property
+    def num_parameters(self) -> int:
+        """Tensors of the job (units unfold into their members)."""
+        return sum(self.groups) if self.groups else self.num_tensors
 
     def phase2_window_of(self, tensor: int) -> int:
         """The phase-2 window (under overlap) that tensor ``tensor``'s remaining blocks belong to."""
@@ -151,6 +166,9 @@ class Plan:
         if self.predicted_iteration is not None:
             text += f", model iteration {self.predicted_iteration * 1e3:.3f} ms"
         text += f", rule {self.rule}"
+        if self.groups and len(self.groups) != self.num_parameters:
+            text += (f", {self.num_parameters} tensors in {self.num_tensors} units (runs of "
+                     f"small tensors up to {self.group_bytes} B share a buffer)")
         if self.phase2 != PHASE2_PER_TENSOR or self.phase2_depth != 1:
             groups = len({self.phase2_window_of(l) for l, p in enumerate(self.phase2_windows) if p})
             text += (f", phase 2 (overlap) {self.phase2}: {groups} windows, "

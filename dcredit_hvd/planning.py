@@ -13,6 +13,7 @@ import os
 from typing import Any
 
 from . import planner, simulator
+from .blocks import group_runs
 from .config import SchedulerConfig
 from .costmodel import CostModel
 from .profile import Profile
@@ -26,14 +27,38 @@ def horovod_cycle_seconds() -> float:
         return 0.001
 
 
+#: ``group_bytes`` limits the search tries (``blocks.group_runs``; 0: no grouping).
+GROUP_CANDIDATES: tuple[int, ...] = (0, 64 << 10, 256 << 10, 1 << 20, 4 << 20)
+
+#: CPU seconds the runtime spends per block (hook, gate, submission, completion, the update
+#: call under overlap), charged by the simulator to the backward pass so that the search sees
+#: what extra blocks cost (``simulator.with_block_overhead``).  Measured with
+#: ``scripts/bench_overhead.py`` (1 rank, no network, 1,000 small tensors one block each) on
+#: this project's 2-core CPU machines; ``docs/benchmarks.md`` has the table.
+BLOCK_OVERHEAD_S = {False: 25e-6, True: 60e-6}
+
+
 def decide(profile: Profile, cost: CostModel, config: SchedulerConfig, *,
            overlap_forward: bool) -> tuple[Any, Profile, tuple]:
-    """``(plan, profile, search)``: D-Credit's windows for the partition the user set, or for
-    the partition the simulator predicts fastest (``search`` lists what it tried)."""
+    """``(plan, profile, search)``: D-Credit's windows, grouping and partition.
+
+    The partition and the ``group_bytes`` limit the user set are kept; whichever was left
+    unset is chosen by the simulator (``simulator.best_dcredit``: every planner rule, partition
+    and grouping candidate, the per-block cost charged).  With the partition set and grouping
+    left to choose, no grouping: spec §3's greedy at the user's partition, as before.
+    ``search`` lists the ``(partition, seconds)`` rows tried for the winning rule and grouping.
+    """
+    limits = (config.group_bytes,) if config.explicit("group_bytes") else GROUP_CANDIDATES
     if config.explicit("partition_bytes"):
-        return planner.plan(profile, cost, config.partition_bytes), profile, ()
+        limit = config.group_bytes if config.explicit("group_bytes") else 0
+        groups = group_runs(profile.nbytes, profile.group_kinds(), limit)
+        made = planner.plan(profile.grouped(groups), cost, config.partition_bytes)
+        if len(groups) != profile.num_tensors:
+            made = dataclasses.replace(made, groups=groups, group_bytes=limit)
+        return made, profile, ()
     best = simulator.best_dcredit(profile, cost, overlap_forward=overlap_forward,
-                                  cycle_s=horovod_cycle_seconds())
+                                  cycle_s=horovod_cycle_seconds(), group_limits=limits,
+                                  block_overhead_s=BLOCK_OVERHEAD_S[overlap_forward])
     return best.plan, profile, best.search
 
 

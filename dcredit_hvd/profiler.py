@@ -112,8 +112,9 @@ class StepProfiler:
 
     # -- result --------------------------------------------------------------------------
     def profile(self, keys: Sequence[Hashable], names: Sequence[str], nbytes: Sequence[int],
-                element_size: Sequence[int]) -> Profile:
-        """The averaged profile of tensors ``keys`` given in forward order."""
+                element_size: Sequence[int], kinds: Sequence[str] = ()) -> Profile:
+        """The averaged profile of tensors ``keys`` given in forward order (``kinds``:
+        ``Profile.kinds``, which tensors may share a buffer)."""
         ready = [statistics.fmean(self._sum_ready[k]) if self._sum_ready.get(k) else None
                  for k in keys]
         t_b = [0.0] * len(keys)
@@ -123,7 +124,7 @@ class StepProfiler:
             t_b[l] = r - later
             later = r
         t_f = [statistics.fmean(self._sum_fwd[k]) if self._sum_fwd.get(k) else 0.0 for k in keys]
-        return Profile.from_lists(names, nbytes, element_size, t_f, t_b)
+        return Profile.from_lists(names, nbytes, element_size, t_f, t_b, kinds=kinds)
 
 
 def measure_cost_model(max_bytes: int, process_set: Any, reps: int = 3,

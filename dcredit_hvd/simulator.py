@@ -44,7 +44,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .blocks import Block, TensorLayout, build_layout
+from .blocks import Block, TensorLayout, build_layout, group_runs
 from .costmodel import CostModel
 from .policies.base import Immediate, Policy
 from .policies.bytescheduler import ByteScheduler
@@ -289,10 +289,48 @@ def _layouts(profile: Profile, partition_bytes: int | None) -> list[TensorLayout
     return build_layout(profile.names, numels, profile.element_size, partition_bytes, prefix="sim")
 
 
+def with_block_overhead(profile: Profile, layouts: Sequence[TensorLayout],
+                        block_overhead_s: float) -> Profile:
+    """``profile`` with ``block_overhead_s`` of CPU per block added to its unit's backward time.
+
+    The gate's work per block (hook, submission, completion, the update call) runs on the cores
+    that compute; charging it to backward makes every extra block cost what it costs the
+    runtime, which is what makes grouping small tensors pay (``docs/algorithm.md`` §2b).
+    """
+    if block_overhead_s < 0:
+        raise ValueError(f"block_overhead_s must be >= 0, got {block_overhead_s}")
+    if not block_overhead_s:
+        return profile
+    t_b = tuple(t + block_overhead_s * len(layout.blocks)
+                for t, layout in zip(profile.t_b, layouts))
+    return replace(profile, t_b=t_b)
+
+
+def dependency_bound(profile: Profile, cost: CostModel) -> float:
+    """``max_l (r_l + T(M_l) + t_u(l) + forward of layers l..L-1)``.
+
+    Tensor ``l``'s gradient is ready at ``r_l`` after backward starts; its bytes cannot all be
+    reduced before ``r_l + a + b M_l``, and the next forward cannot pass layer ``l`` before that
+    plus its update.  A tied embedding (read first by forward, produced last by backward) makes
+    this exceed ``compute`` by about one all-reduce of the embedding, whatever the schedule.
+    """
+    ready = profile.ready_times()
+    t_u = profile.t_u or (0.0,) * profile.num_tensors
+    tail, best = 0.0, 0.0
+    for l in range(profile.num_tensors - 1, -1, -1):
+        tail += profile.t_f[l]
+        best = max(best, ready[l] + cost.time(profile.nbytes[l]) + t_u[l] + tail)
+    return best
+
+
 def lower_bound(profile: Profile, cost: CostModel) -> float:
-    """``max(compute, a + b * total bytes)``: the physical limit of one iteration (spec §1)."""
+    """``max(compute, a + b * total bytes, dependency_bound)``: the limit of one iteration.
+
+    Spec §1's ``max(compute, communication)``, raised where one tensor's own dependency is
+    longer (:func:`dependency_bound`: a tied embedding), so ratios to it stay honest.
+    """
     compute = profile.forward_time + profile.backward_time + sum(profile.t_u)
-    return max(compute, cost.time(profile.total_bytes))
+    return max(compute, cost.time(profile.total_bytes), dependency_bound(profile, cost))
 
 
 def no_overlap_bound(profile: Profile, cost: CostModel) -> float:
@@ -338,8 +376,12 @@ def simulate(profile: Profile, cost: CostModel, policy: str | Policy, *,
              partition_bytes: int | None = DEFAULT_PARTITION_BYTES,
              credit_bytes: int = DEFAULT_CREDIT_BYTES, overlap_forward: bool = False,
              cycle_s: float = DEFAULT_CYCLE_S, fusion_bytes: int | None = None,
-             warmup: int = 1, iterations: int = 2) -> SimResult:
+             warmup: int = 1, iterations: int = 2, block_overhead_s: float = 0.0) -> SimResult:
     """Simulate ``policy`` (a name in ``POLICY_NAMES`` or a ``Policy`` object) on ``profile``.
+
+    A ``DCredit`` whose plan groups tensors (``Plan.groups``) runs on the units it forms
+    (``Profile.grouped``), as the runtime does.  ``block_overhead_s``: CPU seconds the runtime
+    spends per block (:func:`with_block_overhead`; 0: free).
 
     ``partition_bytes`` is offered to the policy (``Policy.partition_bytes``: ``wfbp`` keeps
     tensors whole, ``dcredit`` uses its plan's).  ``horovod`` sends whole tensors at their ready
@@ -365,8 +407,14 @@ def simulate(profile: Profile, cost: CostModel, policy: str | Policy, *,
         part = obj.partition_bytes(partition_bytes)
     if fusion_bytes is None:
         fusion_bytes = 0 if label == "wfbp" else DEFAULT_FUSION_BYTES
+    bound = lower_bound(profile, cost)
+    compute = profile.forward_time + profile.backward_time + sum(profile.t_u)
+    groups = getattr(getattr(obj, "plan", None), "groups", ())
+    if groups:
+        profile = profile.grouped(groups)
     layouts = _layouts(profile, part)
     obj.bind(layouts)
+    profile = with_block_overhead(profile, layouts, block_overhead_s)
     engine = _Engine(profile, cost, obj, layouts, cycle_s, fusion_bytes)
 
     t_f = profile.t_f
@@ -397,9 +445,9 @@ def simulate(profile: Profile, cost: CostModel, policy: str | Policy, *,
         policy=label,
         description="horovod(DistributedOptimizer)" if label == "horovod" else obj.describe(),
         iteration_s=(starts[-1] - starts[warmup]) / iterations,
-        compute_s=fwd + bwd + upd,
+        compute_s=compute,
         link_busy_s=busy / iterations,
-        lower_bound_s=lower_bound(profile, cost),
+        lower_bound_s=bound,
         ops_per_iteration=ops / iterations,
         blocks_per_iteration=sum(len(layout.blocks) for layout in layouts),
         partition_bytes=part,
@@ -416,8 +464,15 @@ def best_dcredit(profile: Profile, cost: CostModel, *,
                  cycle_s: float = DEFAULT_CYCLE_S, fusion_bytes: int | None = None,
                  warmup: int = 1, iterations: int = 2,
                  rules: Sequence[Mapping[str, Any]] = DEFAULT_PLAN_RULES,
-                 phase2_rules: Sequence[str] = DEFAULT_PHASE2_RULES) -> SimResult:
-    """D-Credit with the partition size and planner rule chosen by simulation.
+                 phase2_rules: Sequence[str] = DEFAULT_PHASE2_RULES,
+                 group_limits: Sequence[int] = (0,),
+                 block_overhead_s: float = 0.0) -> SimResult:
+    """D-Credit with the grouping, partition size and planner rule chosen by simulation.
+
+    Every ``group_limits`` entry forms units (``blocks.group_runs``: runs of consecutive small
+    tensors up to that many bytes share a buffer; 0: none) and the search below runs on them;
+    the plan that wins carries its grouping (``Plan.groups``).  ``block_overhead_s`` is charged
+    per block (:func:`with_block_overhead`): without it fewer blocks would never pay.
 
     For every planner rule in ``rules`` (``planner.plan`` keywords), ``planner.choose_partition``
     picks the partition among ``candidates`` with this simulator as the predictor (the paper
@@ -443,31 +498,45 @@ def best_dcredit(profile: Profile, cost: CostModel, *,
         if not phase2_rules:
             raise ValueError("best_dcredit: no phase-2 rules given")
         phase2s = phase2_rules
+    if not group_limits:
+        raise ValueError("best_dcredit: no group limits given (0 means no grouping)")
     best: SimResult | None = None
     every: list[tuple[str, int, float]] = []
     crossed = [{**options, **({} if p2 is None else {"phase2": p2})}
                for options in rules for p2 in phase2s]
-    for options in crossed:
-        options = {**options, "cycle_s": cycle_s, "overlap_forward": overlap_forward}
-        cache: dict[int, SimResult] = {}
+    tried: set[tuple[int, ...]] = set()
+    for limit in sorted({int(x) for x in group_limits}):
+        groups = group_runs(profile.nbytes, profile.group_kinds(), limit)
+        if groups in tried:            # a larger limit that forms the same units
+            continue
+        tried.add(groups)
+        units = profile.grouped(groups)
+        grouping = {} if len(groups) == profile.num_tensors else {"groups": groups,
+                                                                  "group_bytes": limit}
+        for options in crossed:
+            options = {**options, "cycle_s": cycle_s, "overlap_forward": overlap_forward}
+            cache: dict[int, SimResult] = {}
 
-        def run(size: int, options: dict[str, Any] = options) -> SimResult:
-            return simulate(profile, cost,
-                            DCredit(plan(profile, cost, size, **options), overlap_forward=overlap_forward),
-                            overlap_forward=overlap_forward, cycle_s=cycle_s,
-                            fusion_bytes=fusion_bytes, warmup=warmup, iterations=iterations)
+            def run(size: int, options: dict[str, Any] = options,
+                    units: Profile = units, grouping: dict[str, Any] = grouping) -> SimResult:
+                made = replace(plan(units, cost, size, **options), **grouping)
+                return simulate(profile, cost, DCredit(made, overlap_forward=overlap_forward),
+                                overlap_forward=overlap_forward, cycle_s=cycle_s,
+                                fusion_bytes=fusion_bytes, warmup=warmup, iterations=iterations,
+                                block_overhead_s=block_overhead_s)
 
-        def predict(_profile: Profile, _cost: CostModel, size: int,
-                    run: Callable[[int], SimResult] = run,
-                    cache: dict[int, SimResult] = cache) -> float:
-            cache[size] = run(size)
-            return cache[size].iteration_s
+            def predict(_profile: Profile, _cost: CostModel, size: int,
+                        run: Callable[[int], SimResult] = run,
+                        cache: dict[int, SimResult] = cache) -> float:
+                cache[size] = run(size)
+                return cache[size].iteration_s
 
-        size, table = choose_partition(profile, cost, candidates, predict)
-        result = replace(cache.get(size) or run(size), search=tuple(table))
-        every.extend((result.plan.label, s, t) for s, t in table)
-        if best is None or result.iteration_s < best.iteration_s:
-            best = result
+            size, table = choose_partition(units, cost, candidates, predict)
+            result = replace(cache.get(size) or run(size), search=tuple(table))
+            label = result.plan.label + (f", groups <= {limit} B" if grouping else "")
+            every.extend((label, s, t) for s, t in table)
+            if best is None or result.iteration_s < best.iteration_s:
+                best = result
     assert best is not None
     return replace(best, search_all=tuple(every))
 

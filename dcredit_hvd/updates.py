@@ -50,15 +50,20 @@ class ParameterUpdater:
         self._failed: Optional[BaseException] = None      # the user's optimizer raised
 
     # -- called by the optimizer ------------------------------------------------------------
-    def reduced(self, p: torch.Tensor) -> None:
-        """``p``'s gradient is fully reduced (completion thread)."""
+    def reduced(self, params: list[torch.Tensor]) -> None:
+        """The gradients of ``params`` (one unit: one tensor, or a run sharing a buffer) are
+        fully reduced (completion thread); those owed are updated in ONE call of the user's
+        ``step``, not one per tensor (the call's fixed cost dominates small tensors)."""
         with self._cond:
             if self._failed is not None:
                 return
-            if self._stepping and p in self._owed:
-                self._apply([p])
+            if self._stepping:
+                owed = [p for p in params if p in self._owed]
+                self._reduced.update(p for p in params if p not in self._owed)
+                if owed:
+                    self._apply(owed)
             else:
-                self._reduced.add(p)
+                self._reduced.update(params)
 
     def step(self, params: Iterable[torch.Tensor]) -> list[torch.Tensor]:
         """``step()`` was called: ``params`` owe an update; apply those already reduced.

@@ -165,10 +165,10 @@ def test_the_updater_holds_parameters_from_step_until_their_update():
     updater = ParameterUpdater(opt, type(opt), check=lambda: None, guard=guard)
     for p in params:
         p.grad = torch.ones(2)
-    updater.reduced(params[0])                     # reduced before step(): applied at step()
+    updater.reduced([params[0]])                     # reduced before step(): applied at step()
     assert updater.step(params) == []
     assert not guard.held(params[0]) and guard.held(params[1])
-    _later(0.1, lambda: updater.reduced(params[1]))
+    _later(0.1, lambda: updater.reduced([params[1]]))
     assert (params[1] * 1).tolist() == [0.5, 0.5]  # the read waited for the update
     assert params[0].tolist() == [0.5, 0.5]
     assert not guard.held(params[1]) and updater.owed == 0

@@ -252,9 +252,16 @@ def test_link_cost_is_a_ring_allreduce():
         sim.link_cost(0, 1e-6, 2)
 
 
-def test_lower_bound_is_max_of_compute_and_one_fused_allreduce():
+def test_lower_bound_is_max_of_compute_one_fused_allreduce_and_each_tensors_dependency():
+    # Compute 6.5; one fused all-reduce 1 + 3 = 4; tensor 1 (ready at 3): 3 + T(2000) = 6 plus
+    # the forward of layer 1 (0.75) = 6.75; tensor 0 (ready at 5, read first, as a tied
+    # embedding): 5 + T(1000) = 7 plus the whole forward (1.5) = 8.5, which binds.
     p = prof([1000, 2000], [0.75, 0.75], [2.0, 3.0])
-    assert sim.lower_bound(p, COST) == pytest.approx(max(6.5, 1 + 3))
+    assert sim.dependency_bound(p, COST) == pytest.approx(8.5)
+    assert sim.lower_bound(p, COST) == pytest.approx(8.5)
+    # A tiny tensor 0: its dependency (5 + 1.01 + 1.5) no longer exceeds compute + 0.
+    small = prof([10, 2000], [0.75, 0.75], [2.0, 3.0])
+    assert sim.lower_bound(small, COST) == pytest.approx(max(6.5, 1 + 2.01, 5 + 1.01 + 1.5))
     assert sim.lower_bound(p, CostModel(a=1, b=0.01)) == pytest.approx(1 + 30)
 
 

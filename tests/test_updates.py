@@ -63,11 +63,11 @@ def test_updates_in_any_order_equal_one_whole_step(cls_name):
         rng.shuffle(order)
         early, late = order[:2], order[2:]
         for p in early:                      # reduced during backward, before step()
-            updater.reduced(p)
+            updater.reduced([p])
         updater.step(params)
         sched.step()                         # the LR changes before the late updates run
         for p in late:
-            updater.reduced(p)
+            updater.reduced([p])
         updater.drain()
     for a, b in zip(ref_params, params):
         assert torch.allclose(a, b, rtol=1e-6, atol=1e-7), (cls_name, (a - b).abs().max())
@@ -90,9 +90,9 @@ def test_forward_wait_returns_once_the_parameter_is_updated():
     thread = threading.Thread(target=forward)
     thread.start()
     assert not released.wait(0.2), "forward must wait for its parameter's update"
-    updater.reduced(params[1])
+    updater.reduced([params[1]])
     assert not released.wait(0.1), "another parameter's update must not release it"
-    updater.reduced(params[0])
+    updater.reduced([params[0]])
     assert released.wait(5.0)
     thread.join()
     assert torch.allclose(params[0], before - 0.1)
@@ -104,13 +104,13 @@ def test_zero_grad_during_pending_updates_waits_for_each_update():
     updater = ParameterUpdater(opt, type(opt), check=lambda: None)
     for p in params:
         p.grad = torch.ones_like(p)
-    updater.reduced(params[0])
+    updater.reduced([params[0]])
     updater.step(params)                      # params[0] updated now, the rest owed
     updater.zero_grad((), {"set_to_none": True})
     assert params[0].grad is None
     assert all(p.grad is not None for p in params[1:]), "owed updates still need their gradient"
     for p in params[1:]:
-        updater.reduced(p)
+        updater.reduced([p])
     assert all(p.grad is None for p in params)
     expected = make_params()
     assert all(torch.allclose(p, e - 0.1) for p, e in zip(params, expected))

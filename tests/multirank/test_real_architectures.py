@@ -26,8 +26,10 @@ OPTIMIZERS = {
     "sgd_momentum": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, nesterov=True),
 }
 #: Small blocks, so that embeddings and projections are cut into several; dcredit profiles
-#: iterations 1-3 and runs its plan from iteration 4 on (installed mid-run).
-SCHEDULE = dict(partition_bytes=4096, credit_bytes=16384, profile_warmup=1, profile_steps=2)
+#: iterations 1-3 and runs its plan from iteration 4 on (installed mid-run), with runs of
+#: gradients under 16 KiB sharing flat buffers that are themselves cut into 4 KiB blocks.
+SCHEDULE = dict(partition_bytes=4096, credit_bytes=16384, profile_warmup=1, profile_steps=2,
+                group_bytes=16384)
 #: Random sleeps of up to 0.5 ms in the completion thread, at each submission and each update.
 AMPLIFIER = dict(race_amplifier=0.0005)
 
@@ -81,11 +83,13 @@ def test_real_architecture_matches_plain_horovod_on_every_rank(name, policy, opt
                                                                with_model):
     expected = reference(name, opt_name)
     extra = SCHEDULE if policy == "dcredit" else {
-        k: v for k, v in SCHEDULE.items() if not k.startswith("profile")}
+        k: v for k, v in SCHEDULE.items() if not k.startswith(("profile", "group"))}
     got, opt = _train(name, opt_name, lambda o, model: dcredit_hvd.DistributedOptimizer(
         o, named_parameters=model.named_parameters(), model=model if with_model else None,
         policy=policy, **extra, **AMPLIFIER))
     assert_all_ranks(policy != "dcredit" or opt.plan is not None, "the plan never took over")
+    assert_all_ranks(policy != "dcredit" or any(u.grouped for u in opt.layouts),
+                     "the plan grouped no small gradients")
     problem = _mismatch(got, expected)
     assert_all_ranks(not problem, f"{name}/{policy}/{opt_name}: {problem}")
     assert_all_ranks(_same_on_every_rank(got), f"{name}: ranks ended with different parameters")
