@@ -301,6 +301,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 offset += numel
             self._members.append(params)
         self._buffers: dict[int, torch.Tensor] = {}    # grouped unit -> its flat buffer
+        self._slots: dict = {}                         # member -> its view of the buffer
         self._arrived: dict[int, list] = {}            # grouped unit -> gradients copied in
         return layouts
 
@@ -318,19 +319,31 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._module_names = {m: n or type(m).__name__ for n, m in model.named_modules()}
         self._guard.observe(self._requires_update)
         self._hook_handles.append(model.register_forward_pre_hook(self._model_forward_start))
-        for module in model.modules():
-            params = [p for p in module.parameters(recurse=False) if p in owned]
-            if params:
-                self._hook_handles.append(
-                    module.register_forward_pre_hook(self._make_layer_start_hook()))
-                self._hook_handles.append(
-                    module.register_forward_hook(self._make_layer_end_hook(params)))
+        self._layer_modules = [(module, params) for module in model.modules()
+                               if (params := [p for p in module.parameters(recurse=False)
+                                              if p in owned])]
+        self._layer_hooks: list = []
+        self._time_layers(self._profiler is not None or self._timeline is not None)
         self._hook_handles += [
             model.register_forward_hook(self._model_forward_end, always_call=True),
             # Readers of parameters between iterations see every update applied.
             model.register_state_dict_pre_hook(lambda *args: self.apply_pending_updates()),
             model.register_load_state_dict_pre_hook(lambda *args: self._settle_for_load()),
         ]
+
+    def _time_layers(self, on: bool) -> None:
+        """Per-layer forward hooks exist only while something reads them (the profiler, the
+        timeline): two Python hooks per layer cost every forward a few microseconds per layer."""
+        if not on:
+            for handle in self._layer_hooks:
+                handle.remove()
+            self._layer_hooks = []
+        elif not self._layer_hooks:
+            for module, params in self._layer_modules:
+                self._layer_hooks.append(
+                    module.register_forward_pre_hook(self._make_layer_start_hook()))
+                self._layer_hooks.append(
+                    module.register_forward_hook(self._make_layer_end_hook(params)))
 
     def _make_layer_start_hook(self):
         # No wait here: the read guard makes each read of a parameter wait for its update.
@@ -410,6 +423,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                                       name="dcredit.plan")
         self._plan = plan
         self._measured = (profile, cost)
+        if self._overlap:
+            self._time_layers(self._timeline is not None)
         self._policy = make_policy(self._config, plan, overlap_forward=self._overlap)
         self._layouts = self._build_layouts(plan.partition_bytes, plan.groups)
         policy = self._policy if self._is_gate else Immediate()
@@ -489,6 +504,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._membership, self._membership_lost = membership, False
         self._discard_in_flight()
         self._scheduler.policy = self._start_schedule()
+        if self._overlap:
+            self._time_layers(self._profiler is not None or self._timeline is not None)
         if comm.rank() == 0:
             _setup_logging()
             log.info("elastic: %d ranks now; scheduling restarts%s", membership[0],
@@ -573,8 +590,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         buffer = self._buffers.get(layout.index)
         if buffer is None or buffer.dtype != grad.dtype:
             buffer = self._buffers[layout.index] = torch.empty(layout.numel, dtype=grad.dtype)
-        offset = self._offset[p]
-        buffer[offset:offset + grad.numel()].copy_(grad.view(-1))
+            for member in self._members[layout.index]:       # each member's place, shaped
+                offset = self._offset[member]
+                self._slots[member] = buffer[offset:offset + member.numel()].view(member.shape)
+        self._slots[p].copy_(grad)
         arrived = self._arrived.setdefault(layout.index, [])
         arrived.append((p, grad))
         return buffer if len(arrived) == len(layout.members) else None
@@ -589,8 +608,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         def done() -> None:
             if layout.grouped:
                 for p, grad in members:
-                    offset = self._offset[p]
-                    grad.view(-1).copy_(flat[offset:offset + grad.numel()])
+                    grad.copy_(self._slots[p])
             if self._overlap:
                 self._updater.reduced([p for p, _ in members])
         return done

@@ -53,16 +53,20 @@ _METADATA = frozenset(
        if hasattr(_BASE, name)])
 
 
-def _tensors(obj: Any):
-    """The tensors in an operation's arguments (lists for ``torch.cat`` and ``_foreach``)."""
+def _tensors(obj: Any, out: list) -> list:
+    """Append the tensors in an operation's arguments to ``out`` (lists for ``torch.cat`` and
+    ``_foreach``); a loop, not a generator: it runs on every guarded operation."""
     if isinstance(obj, torch.Tensor):
-        yield obj
+        out.append(obj)
     elif isinstance(obj, (list, tuple)):
         for item in obj:
-            yield from _tensors(item)
+            if isinstance(item, torch.Tensor):
+                out.append(item)
+            elif isinstance(item, (list, tuple, dict)):
+                _tensors(item, out)
     elif isinstance(obj, dict):
-        for item in obj.values():
-            yield from _tensors(item)
+        _tensors(list(obj.values()), out)
+    return out
 
 
 def guardable(p: torch.Tensor) -> bool:
@@ -158,10 +162,12 @@ class ReadGuard:
 
     # -- the check every operation on a guarded parameter runs ------------------------------------
     def before(self, func: Any, args: tuple, kwargs: dict) -> None:
-        if func in _METADATA:
+        # The updating thread's own operations (many per update) never wait or observe: it is
+        # never inside the model's forward.
+        if func in _METADATA or getattr(self._local, "applying", False):
             return
         owed = []
-        for t in _tensors((args, kwargs)):
+        for t in _tensors(args, _tensors(kwargs, []) if kwargs else []):
             key = id(t)
             if key in self._observed and self._forward_thread == threading.get_ident():
                 with self._lock:
@@ -170,7 +176,7 @@ class ReadGuard:
                         self._restore_if_free(t)
             if key in self._held:
                 owed.append(t)
-        if owed and not getattr(self._local, "applying", False):
+        if owed:
             self._wait(owed)
 
     # -- internals (lock held) -----------------------------------------------------------------
