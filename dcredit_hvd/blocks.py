@@ -15,7 +15,7 @@ consecutive small gradients (forward order, one dtype and device) laid end to en
 buffer; units are what is indexed, cut into blocks and scheduled.  Runs are consecutive, so a
 unit's priority is its first member's and grouping never reorders against the priority rule.
 One block of a run costs one submission, one completion and one update call instead of one per
-gradient (``docs/algorithm.md`` §2b).
+gradient (``docs/algorithm.md`` §1b).
 """
 from __future__ import annotations
 
@@ -106,7 +106,7 @@ def block_name(prefix: str, tensor_name: str, index: int, count: int) -> str:
 
 
 def group_runs(nbytes: Sequence[int], kinds: Sequence[object], limit_bytes: Optional[int]) -> tuple[int, ...]:
-    """Member counts of the units that group consecutive small tensors (``docs/algorithm.md`` §2b).
+    """Member counts of the units that group consecutive small tensors (``docs/algorithm.md`` §1b).
 
     Walking the tensors in forward order, a tensor of at least ``limit_bytes`` is a unit of its
     own; a smaller one joins the open run when it has the same kind (dtype and device; ``None``:

@@ -95,7 +95,7 @@ class SchedulerConfig:
     partition_bytes: int = 4_000_000
     #: ``dcredit``: runs of consecutive gradients, each smaller than this many bytes, of one
     #: dtype and on the CPU, share one flat buffer and travel as one unit of blocks
-    #: (``blocks.group_runs``, ``docs/algorithm.md`` §2b); 0: never.  Unless given, the planner
+    #: (``blocks.group_runs``, ``docs/algorithm.md`` §1b); 0: never.  Unless given, the planner
     #: chooses it together with the partition (``planning.GROUP_CANDIDATES``).
     #: ``DCREDIT_GROUP_BYTES``.
     group_bytes: int = 1 << 20

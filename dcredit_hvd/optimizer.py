@@ -586,7 +586,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _gather(self, layout: TensorLayout, p, grad: torch.Tensor) -> Optional[torch.Tensor]:
         """Copy ``p``'s gradient into its unit's flat buffer (allocated once, then reused);
-        the buffer once every member's gradient is in, else None (``docs/algorithm.md`` §2b)."""
+        the buffer once every member's gradient is in, else None (``docs/algorithm.md`` §1b)."""
         buffer = self._buffers.get(layout.index)
         if buffer is None or buffer.dtype != grad.dtype:
             buffer = self._buffers[layout.index] = torch.empty(layout.numel, dtype=grad.dtype)

@@ -67,7 +67,7 @@ class Plan:
     phase2_depth: int = 1
     #: How the job's tensors form the units this plan counts (``blocks.group_runs``): member
     #: counts per unit, consecutive in forward order; empty: one unit per tensor.  Chosen by
-    #: ``planning.decide`` together with ``partition_bytes`` (``docs/algorithm.md`` §2b).
+    #: ``planning.decide`` together with ``partition_bytes`` (``docs/algorithm.md`` §1b).
     groups: tuple[int, ...] = ()
     #: The ``group_runs`` limit ``groups`` came from, for logs (0: none).
     group_bytes: int = 0

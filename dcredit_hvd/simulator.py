@@ -295,7 +295,7 @@ def with_block_overhead(profile: Profile, layouts: Sequence[TensorLayout],
 
     The gate's work per block (hook, submission, completion, the update call) runs on the cores
     that compute; charging it to backward makes every extra block cost what it costs the
-    runtime, which is what makes grouping small tensors pay (``docs/algorithm.md`` §2b).
+    runtime, which is what makes grouping small tensors pay (``docs/algorithm.md`` §1b).
     """
     if block_overhead_s < 0:
         raise ValueError(f"block_overhead_s must be >= 0, got {block_overhead_s}")
