@@ -3,8 +3,11 @@
 On 2 hosts at 1 Gbit/s: raw TCP in both directions at once runs within 10% of the rate each way,
 every rank runs on its own host (hostname and network namespace), and the bytes between hosts go
 through the shaped NICs (their tbf counters grow by what was sent, the loopback's do not).
-Everything the script creates is gone after success, failure and SIGTERM. Needs root (CI runs
-as root); the refusal without root is checked either way.
+Everything the script creates is gone after success, failure and SIGTERM. Under
+``--rate-schedule`` every NIC follows the schedule (raw TCP in each phase within 15% of its rate,
+every tbf at it, the queue rule kept, no drops), the log gives the switch times, bad schedules are
+refused before anything is made, and the scheduler goes with the rest. Needs root (CI runs as
+root); the refusal without root is checked either way.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -27,17 +31,21 @@ ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="scripts/vcluster.sh ne
                                "(network namespaces, veths, tc); run the tests as root")
 RATE, RATE_BIT_S = "1gbit", 1e9
 NBYTES = 50 << 20
+# phases of 1.5 s: about 1 s of each is measured (mpirun starts in the first, and the probe
+# skips the moments around each switch)
+SCHEDULE, PHASES = "1gbit,200mbit@1.5,1gbit@3", [("1gbit", 0.0, 1e9), ("200mbit", 1.5, 2e8),
+                                                   ("1gbit", 3.0, 1e9)]
 
 
-def env() -> dict[str, str]:
+def env(**extra: str) -> dict[str, str]:
     venv_bin = str(Path(sys.executable).parent)
     return dict(os.environ, PATH=f"{venv_bin}:{os.environ.get('PATH', '')}",
-                OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+                OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", **extra)
 
 
-def vcluster(*args: str, timeout: float = 90) -> subprocess.CompletedProcess:
-    return subprocess.run([str(VCLUSTER), *args], capture_output=True, text=True, env=env(),
-                          timeout=timeout, cwd=ROOT)
+def vcluster(*args: str, timeout: float = 90, **extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(VCLUSTER), *args], capture_output=True, text=True,
+                          env=env(**extra), timeout=timeout, cwd=ROOT)
 
 
 def probes(out: str) -> list[dict]:
@@ -142,3 +150,126 @@ def test_everything_removed_on_success_failure_and_sigterm() -> None:
     proc.communicate(timeout=30)
     assert proc.returncode == 143
     assert leftovers(tag) == []
+
+
+def marked(token: str) -> list[str]:
+    """Command lines of the processes started with VCLUSTER_TEST_MARK=token: the script and all
+    it started outside the hosts' fresh environments (the rate scheduler and its sleeps)."""
+    found, mark = [], f"VCLUSTER_TEST_MARK={token}".encode()
+    for proc in Path("/proc").iterdir():
+        try:
+            if mark in (proc / "environ").read_bytes().split(b"\0"):
+                found.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except OSError:                    # not a process, or gone meanwhile
+            pass
+    return found
+
+
+def test_bad_rate_schedules_are_refused_before_anything_is_made() -> None:
+    for schedule, message in (("1gbit,fast@2", "'fast' in 'fast@2' is not a tc bit rate"),
+                              ("1gbit,200mbit@3,1gbit@2", "times must increase, but '1gbit@2'"),
+                              ("1gbit,200mbit@-1", "time -1 in '200mbit@-1' is negative"),
+                              ("1gbit,200mbit@0", "changes the rate at 0 s"),
+                              ("1gbit,200mbit@soon", "'soon' in '200mbit@soon' is not a time"),
+                              ("1gbit,200mbit", "'200mbit' has no @SECONDS"),
+                              ("1gbit,,200mbit@2", "entry 2 is empty"),
+                              ("500mbit,200mbit@2", "starts at 500mbit but RATE is 1gbit"),
+                              ("", "it is empty")):
+        start = time.monotonic()
+        result = vcluster("--rate-schedule", schedule, "2", RATE, "--", "true")
+        assert result.returncode == 2, (schedule, result.stderr)
+        assert message in result.stderr, (schedule, result.stderr)
+        assert "e.g. --rate-schedule 1gbit,250mbit@40,1gbit@80" in result.stderr  # the fix
+        assert "[vcluster]" not in result.stderr and time.monotonic() - start < 5, result.stderr
+
+
+@ROOT_ONLY
+def test_rate_schedule_parses_into_the_environment() -> None:
+    """VCLUSTER_RATE is the start, VCLUSTER_RATE_SCHEDULE the schedule with the start as @0, on
+    every host; a schedule that starts with a change starts at RATE."""
+    show = 'echo "$VCLUSTER_RATE $VCLUSTER_RATE_SCHEDULE"; ssh h1 \'echo "$VCLUSTER_RATE_SCHEDULE"\''
+    for args, expected in ((["--rate-schedule", "1000mbit,200mbit@30,1gbit@60.5"],
+                            "1000mbit@0,200mbit@30,1gbit@60.5"),   # 1000mbit is RATE
+                           (["--rate-schedule", "200mbit@30"], "1gbit@0,200mbit@30"),
+                           ([], "1gbit@0")):
+        result = vcluster(*args, "2", RATE, "--", "bash", "-c", show)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert result.stdout.split() == [RATE, expected, expected], (args, result.stdout)
+
+
+@ROOT_ONLY
+def test_rate_schedule_changes_every_nic_on_time(tmp_path: Path) -> None:
+    log_path = tmp_path / "rates.log"            # set on entry: written there and kept
+    result = vcluster("--rate-schedule", SCHEDULE, "2", RATE, "--", "mpirun", "-np", "2", "-H",
+                      "h0,h1", sys.executable, str(PROBE), "--phases", "1.5",
+                      VCLUSTER_RATE_LOG=str(log_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    ranks = probes(result.stdout)
+    assert len(ranks) == 2, result.stdout
+    for p in ranks:
+        for phase, (rate, at, bit_s) in zip(p["phases"], PHASES):
+            got = phase["recv_bit_s"]
+            print(f"{p['hostname']} received {got / 1e6:.0f} Mbit/s at {rate} (from {at} s, "
+                  f"{phase['window_s']:.2f} s measured)")
+            assert (phase["rate"], phase["at"]) == (rate, at), p["phases"]
+            assert phase["window_s"] > 0.6, p["phases"]
+            assert abs(got - bit_s) <= 0.15 * bit_s, \
+                f"{p['hostname']} received {got / 1e6:.0f} Mbit/s at {rate}: not within 15%"
+    # the log: the start, then each change, applied on time (the scheduler sleeps to t0 + at)
+    lines = log_path.read_text().splitlines()
+    assert lines[0].startswith("#"), lines
+    rows = [line.split() for line in lines[1:]]
+    assert [(r[1], float(r[2])) for r in rows] == [(rate, at) for rate, at, _ in PHASES], rows
+    t0 = float(rows[0][0])
+    for epoch, rate, at, took in rows[1:]:
+        late = float(epoch) - (t0 + float(at))
+        print(f"{rate} at {at} s: on every NIC {late * 1e3:.1f} ms late (the change took "
+              f"{float(took) * 1e3:.1f} ms)")
+        assert 0 <= late < 0.25 and 0 <= float(took) < 0.1, rows
+    assert ranks[0]["log"] == [{"epoch": float(e), "rate": r, "at": float(a), "took": float(t)}
+                               for e, r, a, t in rows]
+    # every tbf (each host's send side and the switch's side towards it) at each phase's rate,
+    # with the queue rule kept: the largest fused message + one BDP at the fastest rate
+    fusion = int(os.environ.get("HOROVOD_FUSION_THRESHOLD", 134217728))
+    limit = fusion + int(max(bit_s for *_, bit_s in PHASES) / 8 * 1e-3)
+    for snap, (rate, _, bit_s) in zip(ranks[0]["snapshots"], PHASES):
+        assert len(snap["tbf"]) == 4, snap
+        for nic, q in snap["tbf"].items():
+            burst = max(bit_s / 8 / 2000, 262144)
+            queue = q["lat_us"] * 1e-6 * bit_s / 8 + q["burst"]   # tc shows the limit as lat
+            assert q["rate_bit_s"] == bit_s, (rate, nic, q)
+            assert abs(q["burst"] - burst) < 1e-3 * burst and abs(queue - limit) < 1e-5 * limit, \
+                (rate, nic, q, limit)
+    assert all(q["drops"] == 0 for q in ranks[0]["final_tbf"].values()), ranks[0]["final_tbf"]
+
+
+@ROOT_ONLY
+def test_rate_scheduler_removed_on_early_end_failure_sigterm_and_sigint() -> None:
+    """Changes due long after COMMAND ends are dropped with the rest: no scheduler, no sleep,
+    no namespace outlives the script, whichever way it ends."""
+    def start(command: str, token: str) -> subprocess.Popen:
+        return subprocess.Popen([str(VCLUSTER), "--rate-schedule", "1gbit,200mbit@30,1gbit@60",
+                                 "2", RATE, "--", "bash", "-c", command],
+                                env=env(VCLUSTER_TEST_MARK=token), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+
+    def scheduler_sleeps(token: str) -> bool:      # a sleep beside COMMAND's own
+        return any(cmd.startswith("sleep ") and "60" not in cmd for cmd in marked(token))
+
+    for command, status in (("true", 0), ("exit 7", 7)):
+        token, began = uuid.uuid4().hex, time.monotonic()
+        proc = start(command, token)
+        proc.communicate(timeout=30)
+        assert proc.returncode == status and time.monotonic() - began < 10
+        assert leftovers(f"vc{proc.pid}-") == [] and marked(token) == []
+    for sig, status in ((signal.SIGTERM, 143), (signal.SIGINT, 130)):
+        token = uuid.uuid4().hex
+        proc = start("sleep 60", token)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not scheduler_sleeps(token):
+            time.sleep(0.1)
+        assert scheduler_sleeps(token), ("the rate scheduler never started", marked(token))
+        proc.send_signal(sig)
+        proc.communicate(timeout=30)
+        assert proc.returncode == status
+        assert leftovers(f"vc{proc.pid}-") == [] and marked(token) == []
