@@ -16,7 +16,7 @@ MPIRUN    := timeout -k 10 $(MULTIRANK_TIMEOUT) mpirun -np 2 --oversubscribe --b
 HVDRUN    := timeout -k 10 $(MULTIRANK_TIMEOUT) horovodrun -np 2 -H localhost:2 --gloo
 PYTEST_MR := $(PY) -m pytest -q -p no:cacheprovider tests/multirank
 
-.PHONY: install test test-unit test-mpi test-gloo vcluster-report demo bench lint clean gpu-wheelhouse gpu-check
+.PHONY: install test test-unit test-mpi test-gloo vcluster-report demo demo-drift bench lint clean gpu-wheelhouse gpu-check
 
 install:
 	VENV=$(VENV) ./scripts/install.sh
@@ -47,6 +47,12 @@ vcluster-report:
 
 demo: install
 	./scripts/demo.sh
+
+# The network changes during training (1 Gbit/s, 250 Mbit/s from 25 s, 1 Gbit/s from 50 s):
+# dcredit (re-plans online), dcredit-static, bytescheduler and horovod, 75 s each on 2 virtual
+# hosts (about 6 minutes); DRIFT_ARGS="--schedule 1gbit,100mbit@30,1gbit@60 --duration 90".
+demo-drift: install
+	$(PY) scripts/bench_drift.py $(DRIFT_ARGS)
 
 # The full comparison on virtual clusters (zoo models x 2 and 4 hosts x 1 and 10 Gbit/s); writes
 # results/bench/benchmarks.md and PNGs. BENCH_ARGS="--hosts 2 --rates 1gbit" runs a part.

@@ -115,6 +115,16 @@ class SchedulerConfig:
     #: the same step.  ``DCREDIT_PROFILE_WARMUP``, ``DCREDIT_PROFILE_STEPS``.
     profile_warmup: int = 2
     profile_steps: int = 3
+    #: ``dcredit``: re-plan online (``drift.py``, ``docs/algorithm.md`` §8): the gate rank
+    #: compares each iteration's time and the link's effective speed with what they were after
+    #: the plan took over; when either stays off by more than its threshold for ``replan_patience``
+    #: iterations in a row, every rank profiles again and switches to a new plan at the same
+    #: step.  ``DCREDIT_REPLAN`` (1/0), ``DCREDIT_REPLAN_TIME_THRESHOLD``,
+    #: ``DCREDIT_REPLAN_LINK_THRESHOLD`` (relative changes), ``DCREDIT_REPLAN_PATIENCE``.
+    replan: bool = True
+    replan_time_threshold: float = 0.2
+    replan_link_threshold: float = 0.35
+    replan_patience: int = 5
     #: ``dcredit``: rank 0 writes the measured profile, cost model and plan to this JSON file
     #: (read by ``python -m dcredit_hvd plan --profile``).  ``DCREDIT_PROFILE_OUT``.
     profile_out: Optional[str] = None
@@ -155,6 +165,10 @@ class SchedulerConfig:
         "profile_warmup": "DCREDIT_PROFILE_WARMUP",
         "profile_steps": "DCREDIT_PROFILE_STEPS",
         "profile_out": "DCREDIT_PROFILE_OUT",
+        "replan": "DCREDIT_REPLAN",
+        "replan_time_threshold": "DCREDIT_REPLAN_TIME_THRESHOLD",
+        "replan_link_threshold": "DCREDIT_REPLAN_LINK_THRESHOLD",
+        "replan_patience": "DCREDIT_REPLAN_PATIENCE",
         "cuda_staging": "DCREDIT_CUDA_STAGING",
         "race_amplifier": "DCREDIT_RACE_AMPLIFIER",
         **_LIVENESS_ENV,
@@ -212,9 +226,26 @@ class SchedulerConfig:
             return str(value)
         if name == "cuda_staging":
             return _parse_switch(value, what)
+        if name == "replan":
+            switch = _parse_switch(value, what)
+            if switch is None:
+                raise ValueError(f"{what} must be 1 or 0 (also true/false, yes/no, on/off), "
+                                 f"got {value!r}")
+            return switch
+        if name in ("replan_time_threshold", "replan_link_threshold"):
+            return _parse_float(value, what, 0.0)
+        if name == "replan_patience":
+            return _parse_int(value, what, 1)
         if name in _LIVENESS_SETTING:
             return liveness.validate(_LIVENESS_SETTING[name], value, what)
         raise AssertionError(name)
+
+    def drift_settings(self):
+        """The detector's thresholds (``drift.DriftSettings``)."""
+        from .drift import DriftSettings
+        return DriftSettings(patience=self.replan_patience,
+                             time_threshold=self.replan_time_threshold,
+                             link_threshold=self.replan_link_threshold)
 
     def explicit(self, name: str) -> bool:
         """Whether the user set ``name`` (keyword or environment) rather than leaving the default."""

@@ -28,6 +28,7 @@ from .amplifier import RaceAmplifier
 from .blocks import TensorLayout, build_layout
 from .config import SchedulerConfig
 from .device import CudaTransfer, Ticket, follow
+from .drift import DriftDetector
 from .policies import Immediate, make_policy
 from .profiler import StepProfiler, measure_cost_model
 from .readguard import ReadGuard
@@ -141,6 +142,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._cuda: Optional[CudaTransfer] = None   # CUDA gradients only (device.py)
         self._cuda_stream = None           # the stream that produced the last CUDA gradients
         self._fallback_logged = False
+        #: Online re-plans so far (``drift.py``): iteration, time, reason and the new plan.
+        self.replans: list[dict] = []
 
         #: Under ``horovodrun --min-np/--max-np`` ranks come and go (see ``_follow_membership``).
         self._elastic = os.environ.get("HOROVOD_ELASTIC") == "1"
@@ -158,6 +161,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # guard observes the order in which the first forward reads the parameters.
         self._guard = ReadGuard(self._wait_for_reads) if self._overlap else None
         self._order = self._initial_order()
+        # dcredit re-plans when the job drifts from what its plan was made for (drift.py);
+        # elastic jobs get a new profile and plan at every membership change instead.
+        self._drift = (DriftDetector(config.drift_settings())
+                       if config.policy == "dcredit" and config.replan and not self._elastic
+                       else None)
+        self._control: Optional[int] = None   # this iteration's control word (its handle)
+        self._last_end: Optional[float] = None
+        self._iteration = 0
+        self._replan_reason: Any = None       # set when a re-plan was agreed
         gate_policy = self._start_schedule()
         if self._elastic:
             # A worker that joins constructs its optimizer while the others are in
@@ -237,6 +249,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             "policy": self._config.policy,
             "partition_bytes": self._config.partition_bytes,
             "group_bytes": self._config.group_bytes,
+            "replan": self._config.replan,
             "backward_passes_per_step": backward_passes_per_step,
             "op": str(self._op),
             "compression": getattr(self._compression, "__name__", type(self._compression).__name__),
@@ -430,6 +443,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         policy = self._policy if self._is_gate else Immediate()
         policy.bind(self._layouts)
         self._scheduler.policy = policy
+        if self._drift is not None:
+            self._drift.reset()
+            self._last_end = None
+            if self._replan_reason is not None:
+                reason, self._replan_reason = self._replan_reason, None
+                reason = reason if isinstance(reason, str) else reason.describe()
+                self.replans.append({"iteration": self._iteration, "time": time.time(),
+                                     "reason": reason, "plan": plan.describe(),
+                                     "link": cost.describe()})
+                if self._timeline is not None:
+                    self._timeline.mark("re-plan", iteration=self._iteration, reason=reason)
+                if comm.rank() == 0:
+                    log.info("re-planned at iteration %d (%s)", self._iteration, reason)
         if self._timeline is not None:
             self._timeline.mark("plan installed", partition_bytes=plan.partition_bytes,
                                 units=plan.num_tensors, tensors=plan.num_parameters,
@@ -516,6 +542,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         their handles are gone; the state that is loaded or broadcast next replaces them."""
         self._scheduler.reset()
         self._updater.reset()
+        self._control = None
         self._step_in_flight = False
         self._pending.clear()
         self._queued.clear()
@@ -688,6 +715,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for p in self._order:
             if p not in self._queued:
                 self._enqueue(p)
+        if self._watching():
+            self._submit_control()
         self._scheduler.end_backward()
         for p in self._allreduce_delay:
             self._allreduce_delay[p] = self.backward_passes_per_step
@@ -695,12 +724,58 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._queued.clear()
 
     def _end_iteration(self) -> None:
-        """Between iterations, nothing in flight: adopt the forward order, advance profiling."""
+        """Between iterations, nothing in flight: adopt the forward order, watch for drift,
+        advance profiling."""
         self._apply_forward_order()
+        self._iteration += 1
+        self._watch_drift()
         if self._profiler is not None:
             self._profiler.end_iteration()
             if self._profiler.done:
                 self._install_plan()
+
+    # -- online re-planning (drift.py, docs/algorithm.md §8) ---------------------------------
+    def _watching(self) -> bool:
+        """A plan is in force and may be replaced: every rank sends the control word."""
+        return self._drift is not None and self._plan is not None and self._profiler is None
+
+    def _submit_control(self) -> None:
+        """One float, all-reduced beside the iteration's last blocks (Horovod fuses it with
+        them: no extra round trip): 1 from the gate rank when its detector fired, 0 otherwise.
+        Every rank reads the sum at the same iteration end, so all start the new profile at
+        the same step without any other message."""
+        fired = self._is_gate and self._drift.fired is not None
+        self._control_word = torch.tensor([1.0 if fired else 0.0])
+        self._control = comm.submit(self._control_word, "dcredit.control", hvd.Sum, 1.0, 1.0,
+                                    self._process_set)
+
+    def _watch_drift(self) -> None:
+        if self._control is not None:
+            handle, self._control = self._control, None
+            if float(comm.wait(handle, self._config.poll_seconds)[0]) > 0.5:
+                self._start_replan()
+                return
+        if self._drift is None or not self._is_gate:
+            return
+        now = time.perf_counter()
+        last, self._last_end = self._last_end, now
+        nbytes, busy = self._scheduler.link_sample()
+        if last is None or not self._watching():
+            return
+        drift = self._drift.observe(now - last, busy / nbytes if nbytes else None)
+        if drift is not None and comm.rank() == 0:
+            log.info("drift at iteration %d: %s; every rank profiles again and re-plans",
+                     self._iteration, drift.describe())
+
+    def _start_replan(self) -> None:
+        """Every rank, at the same iteration end: profile again (the plan in force keeps
+        scheduling meanwhile); ``_install_plan`` then switches all of them at the same step."""
+        self._replan_reason = self._drift.fired if self._is_gate else "drift seen by rank 0"
+        self._profiler = StepProfiler(0, self._config.profile_steps)
+        if self._overlap:
+            self._time_layers(True)
+        if self._timeline is not None:
+            self._timeline.mark("re-plan: profiling", iteration=self._iteration)
 
     def _amplified(self, call):
         """``call`` behind a race-amplifier sleep (completion thread: polls and collects)."""
@@ -875,6 +950,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          profile_warmup: Optional[int] = None,
                          profile_steps: Optional[int] = None,
                          profile_out: Optional[str] = None,
+                         replan: Optional[bool] = None,
+                         replan_time_threshold: Optional[float] = None,
+                         replan_link_threshold: Optional[float] = None,
+                         replan_patience: Optional[int] = None,
                          cuda_staging: Optional[bool] = None,
                          race_amplifier: Optional[float] = None,
                          liveness: Optional[bool] = None,
@@ -899,6 +978,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     * ``profile_warmup``, ``profile_steps``: ``dcredit`` runs this many iterations under
       ``bytescheduler`` rules, then averages this many into the profile it plans from.
     * ``profile_out``: ``dcredit`` writes the measured profile and plan to this JSON file.
+    * ``replan``, ``replan_time_threshold``, ``replan_link_threshold``, ``replan_patience``:
+      ``dcredit`` profiles again and switches every rank to a new plan when the iteration time
+      or the link's speed stays off what they were under the plan (``drift.py``).
     * ``cuda_staging``: CUDA gradients go through pinned host memory and Horovod's CPU
       operations (True), or to Horovod as CUDA tensors (False); default: staged only when
       Horovod has no GPU operations.  ``DCREDIT_CUDA_STAGING``.
@@ -938,7 +1020,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                                      stall_seconds=stall_seconds,
                                      stall_abort_seconds=stall_abort_seconds,
                                      profile_warmup=profile_warmup, profile_steps=profile_steps,
-                                     profile_out=profile_out, cuda_staging=cuda_staging,
+                                     profile_out=profile_out, replan=replan,
+                                     replan_time_threshold=replan_time_threshold,
+                                     replan_link_threshold=replan_link_threshold,
+                                     replan_patience=replan_patience, cuda_staging=cuda_staging,
                                      race_amplifier=race_amplifier, liveness=liveness,
                                      liveness_interval=liveness_interval,
                                      liveness_timeout=liveness_timeout,

@@ -149,6 +149,11 @@ class BlockScheduler:
         self._closed = False
         self._iteration_open = False
         self.submitted_names: list[str] = []   # this iteration, in submission order (for tests/timeline)
+        #: Link statistics since the last ``link_sample()``: bytes completed, and seconds during
+        #: which at least one block was in flight (``drift.py``: measured from the blocks sent).
+        self._bytes_done = 0
+        self._busy_s = 0.0
+        self._busy_since = 0.0
         #: The peers' liveness channel (``comm.watch_peers``); a loss is stored like a
         #: completion-thread error, so every wait here wakes and raises ``PeerLostError``.
         self._liveness = liveness
@@ -229,6 +234,14 @@ class BlockScheduler:
                         f"{self._stall_abort_seconds:.0f} s (DCREDIT_STALL_ABORT_SECONDS); waiting "
                         f"for {self._describe_waiting()}. {_STALL_ADVICE}.")
 
+    def link_sample(self) -> tuple[int, float]:
+        """``(bytes, busy seconds)`` completed since the last call: the link's effective seconds
+        per byte is their ratio (startups and Horovod's cycles included)."""
+        with self._cond:
+            sample = (self._bytes_done, self._busy_s)
+            self._bytes_done, self._busy_s = 0, 0.0
+            return sample
+
     @property
     def outstanding(self) -> int:
         return self._outstanding
@@ -253,6 +266,8 @@ class BlockScheduler:
                 raise
             item.submitted_at = time.perf_counter()
             self.submitted_names.append(item.block.name)
+            if not self._inflight:
+                self._busy_since = item.submitted_at
             self._inflight.append(item)
             released += 1
         if released and self.timeline is not None:
@@ -294,7 +309,10 @@ class BlockScheduler:
                     for item in done:
                         self._inflight.remove(item)
                         self._outstanding -= 1
+                        self._bytes_done += item.block.nbytes
                         self.policy.on_complete(item.block)
+                    if not self._inflight:
+                        self._busy_s += time.perf_counter() - self._busy_since
                     self._pump("completion")
                     self._cond.notify_all()
         except BaseException as exc:  # surfaced in the training thread

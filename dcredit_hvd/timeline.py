@@ -73,6 +73,7 @@ class Timeline:
         self._buffer: list[str] = []
         self._count = 0          # events serialised so far (decides the leading comma)
         self._tracks: set[int] = set()
+        self._tensor_pids: dict[str, int] = {}
         self._lanes: dict[int, list[float]] = {}  # tensor pid -> end time (us) of each lane
         self._closed = False
         parent = os.path.dirname(self.path)
@@ -120,6 +121,18 @@ class Timeline:
         self._emit({"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0,
                     "args": {"sort_index": sort_index}})
 
+    def _tensor_pid(self, index: int, name: str) -> int:
+        """One track per unit name: ``TENSOR_PID_BASE + index`` unless an earlier layout gave
+        that index to another name (a plan that groups tensors renumbers them), then a fresh
+        pid; the sort index stays the priority, so rows keep priority order."""
+        pid = self._tensor_pids.get(name)
+        if pid is None:
+            pid = TENSOR_PID_BASE + index
+            if pid in self._tensor_pids.values():
+                pid = TENSOR_PID_BASE + 1_000_000 + len(self._tensor_pids)
+            self._tensor_pids[name] = pid
+        return pid
+
     def _fixed(self, kind: str) -> int:
         pid = _FIXED_TRACKS[kind]
         self._track(pid, kind, pid)
@@ -162,8 +175,9 @@ class Timeline:
         with self._lock:
             if self._closed:
                 return
-            pid = TENSOR_PID_BASE + int(tensor_index)
-            self._track(pid, tensor_name, pid, tensor_index=int(tensor_index))
+            pid = self._tensor_pid(int(tensor_index), tensor_name)
+            self._track(pid, tensor_name, TENSOR_PID_BASE + int(tensor_index),
+                        tensor_index=int(tensor_index))
             tid = self._lane(pid, tr, td)
             for phase, ts, te in ((QUEUED, tr, tl), (INFLIGHT, tl, td)):
                 self._emit({"name": block_name, "cat": phase, "ph": "X", "ts": ts,

@@ -317,3 +317,17 @@ def test_the_plot_script_reads_a_trace_left_open(tmp_path):
     finally:
         tl.close()
     assert out.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_unit_that_reuses_an_earlier_tensors_index_gets_its_own_named_track(tmp_path):
+    # Before a plan groups tensors, index 0 is "a"; after it, index 0 is the unit "a+1".
+    tl = Timeline(str(tmp_path / "trace.json"), 0)
+    tl.block(0, "a", "dcredit.a.0of1", 0.0, 0.0, 0.0, 4)
+    tl.block(0, "a+1", "dcredit.a+1.0of1", 0.0, 0.0, 0.0, 8)
+    tl.close()
+    events = json.loads((tmp_path / "trace.rank0.json").read_text())
+    names = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    assert sorted(n for p, n in names.items() if p >= TENSOR_PID_BASE) == ["a", "a+1"]
+    pid_of = {n: p for p, n in names.items()}
+    blocks = {e["name"]: e["pid"] for e in events if e.get("cat") == "INFLIGHT"}
+    assert blocks == {"dcredit.a.0of1": pid_of["a"], "dcredit.a+1.0of1": pid_of["a+1"]}
