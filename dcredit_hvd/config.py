@@ -122,9 +122,11 @@ class SchedulerConfig:
     #: step.  ``DCREDIT_REPLAN`` (1/0), ``DCREDIT_REPLAN_TIME_THRESHOLD``,
     #: ``DCREDIT_REPLAN_LINK_THRESHOLD`` (relative changes), ``DCREDIT_REPLAN_PATIENCE``.
     replan: bool = True
-    replan_time_threshold: float = 0.2
-    replan_link_threshold: float = 0.35
+    replan_time_threshold: float = 0.25
+    replan_link_threshold: float = 0.5
     replan_patience: int = 5
+    #: Wall seconds the off iterations must last as well (``DCREDIT_REPLAN_SECONDS``).
+    replan_seconds: float = 4.0
     #: ``dcredit``: rank 0 writes the measured profile, cost model and plan to this JSON file
     #: (read by ``python -m dcredit_hvd plan --profile``).  ``DCREDIT_PROFILE_OUT``.
     profile_out: Optional[str] = None
@@ -169,6 +171,7 @@ class SchedulerConfig:
         "replan_time_threshold": "DCREDIT_REPLAN_TIME_THRESHOLD",
         "replan_link_threshold": "DCREDIT_REPLAN_LINK_THRESHOLD",
         "replan_patience": "DCREDIT_REPLAN_PATIENCE",
+        "replan_seconds": "DCREDIT_REPLAN_SECONDS",
         "cuda_staging": "DCREDIT_CUDA_STAGING",
         "race_amplifier": "DCREDIT_RACE_AMPLIFIER",
         **_LIVENESS_ENV,
@@ -234,6 +237,8 @@ class SchedulerConfig:
             return switch
         if name in ("replan_time_threshold", "replan_link_threshold"):
             return _parse_float(value, what, 0.0)
+        if name == "replan_seconds":
+            return _parse_float(value, what, -1e-9)
         if name == "replan_patience":
             return _parse_int(value, what, 1)
         if name in _LIVENESS_SETTING:
@@ -243,7 +248,7 @@ class SchedulerConfig:
     def drift_settings(self):
         """The detector's thresholds (``drift.DriftSettings``)."""
         from .drift import DriftSettings
-        return DriftSettings(patience=self.replan_patience,
+        return DriftSettings(patience=self.replan_patience, seconds=self.replan_seconds,
                              time_threshold=self.replan_time_threshold,
                              link_threshold=self.replan_link_threshold)
 

@@ -14,13 +14,15 @@ The rule (``docs/algorithm.md`` §8), with hysteresis so that noise never re-pla
 * from then on, each iteration's value is the median of the last ``window`` samples; it is
   *off* when ``|T / T_ref - 1| > time_threshold`` or ``|beta / beta_ref - 1| >
   link_threshold``;
-* ``patience`` off iterations in a row trigger a re-plan; one iteration back within the
-  thresholds resets the count.  After a trigger the detector waits for the next plan
-  (``reset``) and starts over.
+* ``patience`` off iterations in a row that also last ``seconds`` of wall time trigger a
+  re-plan; one iteration back within the thresholds resets both counts.  After a trigger the
+  detector waits for the next plan (``reset``) and starts over.
 
 A median of ``window`` samples moves only when more than half of them move, so a single slow
-iteration (a checkpoint, a garbage collection) never counts; ``patience`` consecutive off medians
-need a change that lasts ``window // 2 + patience`` iterations or more.
+iteration (a checkpoint, a garbage collection) never counts; firing needs a change that lasts
+``window // 2 + patience`` iterations and ``seconds`` or more, so a load spike of a shared
+machine (many short iterations, seldom seconds) does not re-plan, a change of the network
+(minutes) does.
 """
 from __future__ import annotations
 
@@ -35,13 +37,16 @@ class DriftSettings:
     """Thresholds of the detector (``SchedulerConfig.replan_*``)."""
 
     settle: int = 3
-    reference: int = 8
-    window: int = 5
+    reference: int = 12
+    window: int = 7
     patience: int = 5
     #: Relative change of the iteration time that counts as off.
-    time_threshold: float = 0.2
+    time_threshold: float = 0.25
     #: Relative change of the link's effective seconds per byte that counts as off.
-    link_threshold: float = 0.35
+    link_threshold: float = 0.5
+    #: Wall seconds the off iterations must also add up to: a load spike on a shared machine
+    #: lasts many short iterations but seldom seconds; a change of the network lasts minutes.
+    seconds: float = 4.0
 
     def __post_init__(self) -> None:
         for name in ("reference", "window", "patience"):
@@ -51,6 +56,8 @@ class DriftSettings:
             raise ValueError(f"DriftSettings.settle must be >= 0, got {self.settle}")
         if not (self.time_threshold > 0 and self.link_threshold > 0):
             raise ValueError("DriftSettings thresholds must be > 0")
+        if self.seconds < 0:
+            raise ValueError(f"DriftSettings.seconds must be >= 0, got {self.seconds}")
 
 
 @dataclass(frozen=True)
@@ -89,6 +96,7 @@ class DriftDetector:
         self._times: deque[float] = deque(maxlen=s.window)
         self._links: deque[float] = deque(maxlen=s.window)
         self._off = 0
+        self._off_seconds = 0.0
         self.fired: Optional[Drift] = None
 
     def observe(self, iteration_s: float, link_s_per_byte: Optional[float] = None) -> Optional[Drift]:
@@ -119,7 +127,8 @@ class DriftDetector:
         if b is not None and b_ref:
             off = off or abs(b / b_ref - 1) > s.link_threshold
         self._off = self._off + 1 if off else 0
-        if self._off >= s.patience:
+        self._off_seconds = self._off_seconds + iteration_s if off else 0.0
+        if self._off >= s.patience and self._off_seconds >= s.seconds:
             self.fired = Drift(t, t_ref, b, b_ref)
             return self.fired
         return None

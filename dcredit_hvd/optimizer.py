@@ -954,6 +954,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          replan_time_threshold: Optional[float] = None,
                          replan_link_threshold: Optional[float] = None,
                          replan_patience: Optional[int] = None,
+                         replan_seconds: Optional[float] = None,
                          cuda_staging: Optional[bool] = None,
                          race_amplifier: Optional[float] = None,
                          liveness: Optional[bool] = None,
@@ -978,7 +979,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     * ``profile_warmup``, ``profile_steps``: ``dcredit`` runs this many iterations under
       ``bytescheduler`` rules, then averages this many into the profile it plans from.
     * ``profile_out``: ``dcredit`` writes the measured profile and plan to this JSON file.
-    * ``replan``, ``replan_time_threshold``, ``replan_link_threshold``, ``replan_patience``:
+    * ``replan``, ``replan_time_threshold``, ``replan_link_threshold``, ``replan_patience``,
+      ``replan_seconds``:
       ``dcredit`` profiles again and switches every rank to a new plan when the iteration time
       or the link's speed stays off what they were under the plan (``drift.py``).
     * ``cuda_staging``: CUDA gradients go through pinned host memory and Horovod's CPU
@@ -1023,7 +1025,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                                      profile_out=profile_out, replan=replan,
                                      replan_time_threshold=replan_time_threshold,
                                      replan_link_threshold=replan_link_threshold,
-                                     replan_patience=replan_patience, cuda_staging=cuda_staging,
+                                     replan_patience=replan_patience,
+                                     replan_seconds=replan_seconds, cuda_staging=cuda_staging,
                                      race_amplifier=race_amplifier, liveness=liveness,
                                      liveness_interval=liveness_interval,
                                      liveness_timeout=liveness_timeout,

@@ -8,7 +8,7 @@ import pytest
 from dcredit_hvd.drift import DriftDetector, DriftSettings
 
 S = DriftSettings(settle=2, reference=6, window=5, patience=4, time_threshold=0.2,
-                  link_threshold=0.35)
+                  link_threshold=0.35, seconds=0.0)
 
 
 def _feed(detector, samples):
@@ -64,3 +64,12 @@ def test_settings_are_checked():
         DriftSettings(window=0)
     with pytest.raises(ValueError, match="thresholds"):
         DriftSettings(time_threshold=0)
+
+
+def test_a_burst_of_short_slow_iterations_does_not_fire_unless_it_lasts_the_seconds():
+    settings = DriftSettings(settle=2, reference=6, window=5, patience=4, seconds=2.0)
+    # 12 iterations of 75 ms after 50 ms ones: 10 off medians in a row, but 0.75 s < 2 s.
+    assert _feed(DriftDetector(settings), [(0.05, None)] * 20 + [(0.075, None)] * 12
+                 + [(0.05, None)] * 20) is None
+    # The same change lasting 40 iterations (3 s off) fires.
+    assert _feed(DriftDetector(settings), [(0.05, None)] * 20 + [(0.075, None)] * 40) is not None
