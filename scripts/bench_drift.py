@@ -71,7 +71,7 @@ def worker(args: argparse.Namespace) -> int:
 
     if policy == "horovod":
         opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
-    elif policy != "compute":
+    elif policy not in ("compute", "communication"):
         opt = dcredit_hvd.DistributedOptimizer(
             opt, named_parameters=model.named_parameters(), model=model,
             policy="dcredit" if policy.startswith("dcredit") else policy,
