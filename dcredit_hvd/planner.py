@@ -219,6 +219,9 @@ PHASE2_GROUPED_PIPELINED = "grouped_pipelined"  # both
 PHASE2_RULES = (PHASE2_PER_TENSOR, PHASE2_PIPELINED, PHASE2_GROUPED, PHASE2_GROUPED_PIPELINED)
 #: Windows in flight at once under each pipelined rule.
 PIPELINE_DEPTH = 2
+#: ``phase1="batched"`` under overlap tries every last phase-1 release up to this many tensors,
+#: and about this many of them, then the best one's neighbourhood, above it.
+BATCHED_GRID = 48
 
 
 def plan(profile: Profile, cost: CostModel, partition_bytes: int, *, cycle_s: float = 0.0,
@@ -373,7 +376,10 @@ def _batched(profile: Profile, cost: CostModel, partition_bytes: int, shape: _Sh
       left at once): minimise ``E_0``, the end of the last all-reduce, which ``step()`` waits for.
     * ``overlap_forward=True``: choose the last phase-1 release ``k`` (``k = L``: none); tensors
       ``0..k-1`` go in phase-2 windows (laid out by ``phase2``, ``_phase2_layout``) after
-      ``E_k``; minimise the ``_phase2_timeline`` of that choice.
+      ``E_k``; minimise the ``_phase2_timeline`` of that choice.  Every ``k`` when
+      ``L <= BATCHED_GRID``; beyond, every ``L // BATCHED_GRID``-th ``k`` (``k = L`` included),
+      then every ``k`` between the best one's neighbours on that grid (exact when the
+      timeline is unimodal in ``k``, a local optimum otherwise).
 
     The family contains "release every gradient as soon as it is ready" (what Horovod does), so
     under the model the result is never worse than that.
@@ -420,13 +426,28 @@ def _batched(profile: Profile, cost: CostModel, partition_bytes: int, shape: _Sh
     else:
         best_k, best_time, link_free = L, math.inf, r[0]
         group, depth = (), 1
-        for k in range(L, 0, -1):
+        tried: dict[int, float] = {}
+
+        def consider(k: int) -> None:
+            nonlocal best_k, best_time, link_free, group, depth
+            if k in tried:
+                return
             free = max(float(E[k]), r[0]) if k < L else r[0]
             pend = [m[l] if l < k else 0 for l in range(L)]
             grp, dep = _phase2_layout(profile, cost, shape, pend, phase2, c, free)
-            t = _phase2_timeline(profile, cost, shape, pend, free, c, True, grp, dep)
-            if t < best_time:
+            t = tried[k] = _phase2_timeline(profile, cost, shape, pend, free, c, True, grp, dep)
+            if t < best_time or (t == best_time and k > best_k):
                 best_k, best_time, link_free, group, depth = k, t, free, grp, dep
+
+        # Every last release k = L..1 when there are few tensors; with many, a grid of about
+        # BATCHED_GRID of them, then every k between the best one's grid neighbours (each
+        # candidate costs a phase-2 layout, O(L^2): all L of them made 1,000 tensors take
+        # minutes to plan).
+        step = max(1, L // BATCHED_GRID)
+        for k in range(L, 0, -step):
+            consider(k)
+        for k in range(min(L, best_k + step), max(0, best_k - step), -1):
+            consider(k)
         windows, pending = windows_for(best_k, best_k)
         predicted = best_time
     return Plan(

@@ -44,7 +44,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .blocks import Block, TensorLayout, build_layout, group_runs
+from .blocks import Block, TensorLayout, build_layout, group_runs, partition
 from .costmodel import CostModel
 from .policies.base import Immediate, Policy
 from .policies.bytescheduler import ByteScheduler
@@ -525,14 +525,29 @@ def best_dcredit(profile: Profile, cost: CostModel, *,
                                 fusion_bytes=fusion_bytes, warmup=warmup, iterations=iterations,
                                 block_overhead_s=block_overhead_s)
 
+            same: dict[tuple[tuple[int, int], ...], SimResult] = {}
+
             def predict(_profile: Profile, _cost: CostModel, size: int,
                         run: Callable[[int], SimResult] = run,
-                        cache: dict[int, SimResult] = cache) -> float:
-                cache[size] = run(size)
+                        cache: dict[int, SimResult] = cache,
+                        same: dict[tuple[tuple[int, int], ...], SimResult] = same,
+                        units: Profile = units) -> float:
+                # Partitions that cut every unit into the same blocks make the same plan and
+                # the same simulation (a unit of one block is charged its own bytes): run once.
+                cut = tuple((len(r), r[0][1] - r[0][0]) if len(r) > 1 else (1, 0)
+                            for r in (partition(n // e, e, size)
+                                      for n, e in zip(units.nbytes, units.element_size)))
+                if cut not in same:
+                    same[cut] = run(size)
+                cache[size] = same[cut]
                 return cache[size].iteration_s
 
             size, table = choose_partition(units, cost, candidates, predict)
-            result = replace(cache.get(size) or run(size), search=tuple(table))
+            result = cache.get(size) or run(size)
+            if result.plan.partition_bytes != size:     # shared with an equivalent partition
+                result = replace(result, plan=replace(result.plan, partition_bytes=size),
+                                 partition_bytes=size)
+            result = replace(result, search=tuple(table))
             label = result.plan.label + (f", groups <= {limit} B" if grouping else "")
             every.extend((label, s, t) for s, t in table)
             if best is None or result.iteration_s < best.iteration_s:

@@ -480,3 +480,27 @@ def test_phase_two_rules_keep_the_invariants_and_the_greedy_keeps_its_windows(
         base = plan(prof, cost, S_p, phase1=phase1, cycle_s=cycle)
         if phase1 == "greedy":
             assert q.predicted_iteration <= base.predicted_iteration * (1 + 1e-9) + 1e-12
+
+
+def test_batched_overlap_search_on_a_grid_finds_the_exhaustive_plan_on_many_tensors(monkeypatch):
+    import random
+
+    import dcredit_hvd.planner as planner_module
+    from dcredit_hvd.costmodel import CostModel
+    from dcredit_hvd.planner import plan as make_plan
+    from dcredit_hvd.profile import Profile
+
+    for seed in (1, 2, 3):
+        rng = random.Random(seed)
+        n = 120
+        profile = Profile.from_lists(
+            [f"t{i}" for i in range(n)],
+            [rng.choice([1024, 65536, 1 << 20, 3 << 20]) for _ in range(n)], [4] * n,
+            [rng.uniform(1e-4, 2e-3) for _ in range(n)], [rng.uniform(2e-4, 4e-3) for _ in range(n)])
+        cost = CostModel(a=5e-4, b=8e-9)
+        grid = make_plan(profile, cost, 1 << 22, phase1="batched", phase2="grouped", cycle_s=1e-3)
+        monkeypatch.setattr(planner_module, "BATCHED_GRID", 10**6)      # every k
+        every = make_plan(profile, cost, 1 << 22, phase1="batched", phase2="grouped", cycle_s=1e-3)
+        monkeypatch.undo()
+        assert grid.windows == every.windows
+        assert grid.predicted_iteration == every.predicted_iteration

@@ -518,3 +518,13 @@ def test_simulating_a_grouped_plan_runs_on_its_units_and_completes_every_block()
     assert result.blocks_per_iteration == 1 + 2
     assert sorted(k for op in result.trace for k in op.blocks) == [(0, 0), (1, 0), (1, 1)]
     assert result.lower_bound_s == sim.lower_bound(p, COST)
+
+
+def test_partitions_that_cut_every_unit_alike_share_one_simulation_and_the_largest_wins():
+    p = prof([400] * 6, [0.01] * 6, [0.02] * 6)          # every candidate: one block per tensor
+    best = sim.best_dcredit(p, CostModel(a=1e-3, b=1e-8), overlap_forward=True, cycle_s=1e-3,
+                            rules=({"phase1": "greedy", "short_gap": "one_block"},),
+                            phase2_rules=("per_tensor",))
+    times = {t for _, t in best.search}
+    assert len(times) == 1 and best.plan.partition_bytes == max(s for s, _ in best.search)
+    assert best.partition_bytes == best.plan.partition_bytes
