@@ -564,9 +564,10 @@ def print_table(results: dict[str, Any]) -> None:
               f"communication only {results['communication']['seconds_per_iteration'] * 1e3:.1f} ms, "
               f"max(compute, communication) {b['max_compute_communication'] * 1e3:.1f} ms; "
               f"lower bound {bound * 1e3:.1f} ms" + (
-                  f" (compute + {b['dependency_excess_s'] * 1e3:.1f} ms: {b['dependency_tensor']} "
-                  "is produced last by backward and read first by forward, so its all-reduce "
-                  "cannot overlap either)" if b["dependency_excess_s"] else ""))
+                  f" (compute + {b['dependency_excess_s'] * 1e3:.1f} ms: the all-reduce of "
+                  f"{b['dependency_tensor']} cannot start before backward produces it and must "
+                  "end before forward reads it; a tied embedding, produced last and read first, "
+                  "overlaps neither pass)" if bound > b["max_compute_communication"] else ""))
     link = results.get("link")
     if link:
         print(f"the links ({link['rate']} full duplex per host) need {link['seconds'] * 1e3:.1f} ms "
