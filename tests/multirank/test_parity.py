@@ -223,3 +223,26 @@ def test_dcredit_plan_is_identical_on_every_rank_and_logged_once_on_rank_0():
     assert_all_ranks(len(fits) == expected and len(planned) == expected,
                      f"rank {hvd.rank()} logged {len(fits)} fits and {len(planned)} plans")
     assert_all_ranks(params_close(got, reference(OPTIMIZERS["adam"])))
+
+
+GROUPED = dict(partition_bytes=512, group_bytes=4096, **PROFILE)
+
+
+@pytest.mark.parametrize("with_model", [True, False], ids=["model", "no-model"])
+@pytest.mark.parametrize("case", ["fp16", "two_passes"])
+def test_grouped_units_match_plain_horovod_with_compression_and_accumulation(case, with_model):
+    """Runs of small gradients in shared buffers (biases, batch-norm weights, and ``extra``,
+    whose gradient rank 1 never computes: zeros travel in its slot), cut into 512-byte blocks,
+    with fp16 compression or two backward passes per step, equal plain Horovod's."""
+    make_opt = OPTIMIZERS["adam"]
+    kwargs = ({"compression": hvd.Compression.fp16} if case == "fp16"
+              else {"backward_passes_per_step": 2})
+    passes = 2 if case == "two_passes" else 1
+    expected = reference(make_opt, steps=7, passes=passes, **kwargs)
+    got, opt = ours(make_opt, steps=7, passes=passes, with_model=with_model, policy="dcredit",
+                    race_amplifier=0.0003, **GROUPED, **kwargs)
+    grouped = [u for u in opt.layouts if u.grouped]
+    assert_all_ranks(bool(grouped) and any(len(u.blocks) > 1 for u in grouped),
+                     f"no unit of several tensors cut into several blocks: "
+                     f"{[(u.name, len(u.blocks)) for u in opt.layouts]}")
+    assert_all_ranks(params_close(got, expected), f"{case}: max rel diff {max_rel_diff(got, expected)}")
