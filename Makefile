@@ -50,7 +50,7 @@ demo: install
 
 # The network changes during training (1 Gbit/s, 250 Mbit/s from 25 s, 1 Gbit/s from 50 s):
 # dcredit (re-plans online), dcredit-static, bytescheduler and horovod, 75 s each on 2 virtual
-# hosts (about 6 minutes); DRIFT_ARGS="--schedule 1gbit,100mbit@30,1gbit@60 --duration 90".
+# hosts (about 7.5 minutes with the compute- and communication-only launches); DRIFT_ARGS="--schedule 1gbit,100mbit@30,1gbit@60 --duration 90".
 demo-drift: install
 	$(PY) scripts/bench_drift.py $(DRIFT_ARGS)
 
