@@ -471,15 +471,11 @@ def simulator_check(results: dict[str, Any], optimizers: dict[str, Any],
     # What one tensor's own dependency adds beyond compute (a tied embedding), on the link.
     compute = profile.forward_time + profile.backward_time + sum(profile.t_u or ())
     link = network or cost
-    excess = simulator.dependency_bound(profile, link) - compute
+    ends = simulator.dependencies(profile, link)
+    excess = max(ends, default=0.0) - compute
     if excess > 0:
         out["dependency_excess_s"] = excess
-        ready, tail = profile.ready_times(), 0.0
-        ends = []
-        for l in range(profile.num_tensors - 1, -1, -1):
-            tail += profile.t_f[l]
-            ends.append((ready[l] + link.time(profile.nbytes[l]) + tail, profile.names[l]))
-        out["dependency_tensor"] = max(ends)[1]
+        out["dependency_tensor"] = profile.names[ends.index(max(ends))]
     for name, run in results["policies"].items():
         base = name.removesuffix("-sync")
         overlap = not name.endswith("-sync")

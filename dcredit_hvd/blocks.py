@@ -134,6 +134,11 @@ def group_runs(nbytes: Sequence[int], kinds: Sequence[object], limit_bytes: Opti
     return tuple(counts)
 
 
+def unit_name(first_name: str, count: int) -> str:
+    """A unit's name: its first tensor's, plus ``+k`` for the ``k`` tensors that follow it."""
+    return first_name if count == 1 else f"{first_name}+{count - 1}"
+
+
 def check_groups(groups: Sequence[int], count: int) -> None:
     """``groups`` (member counts per unit) must cover ``count`` tensors exactly, in order."""
     if any(not isinstance(g, int) or g < 1 for g in groups) or sum(groups) != count:
@@ -170,7 +175,7 @@ def build_layout(
                              f"{sorted(sizes)}; only tensors of one dtype share a buffer")
         esize = element_sizes[members[0]]
         numel = sum(numels[i] for i in members)
-        name = names[members[0]] if count == 1 else f"{names[members[0]]}+{count - 1}"
+        name = unit_name(names[members[0]], count)
         ranges = partition(numel, esize, partition_bytes)
         blocks = tuple(
             Block(u, j, a, b, (b - a) * esize, block_name(prefix, name, j, len(ranges)))

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from . import liveness
+from .drift import DriftSettings
 from .policies import POLICIES
 
 _UNITS = {
@@ -122,11 +123,11 @@ class SchedulerConfig:
     #: step.  ``DCREDIT_REPLAN`` (1/0), ``DCREDIT_REPLAN_TIME_THRESHOLD``,
     #: ``DCREDIT_REPLAN_LINK_THRESHOLD`` (relative changes), ``DCREDIT_REPLAN_PATIENCE``.
     replan: bool = True
-    replan_time_threshold: float = 0.25
-    replan_link_threshold: float = 0.5
-    replan_patience: int = 5
+    replan_time_threshold: float = DriftSettings.time_threshold
+    replan_link_threshold: float = DriftSettings.link_threshold
+    replan_patience: int = DriftSettings.patience
     #: Wall seconds the off iterations must last as well (``DCREDIT_REPLAN_SECONDS``).
-    replan_seconds: float = 4.0
+    replan_seconds: float = DriftSettings.seconds
     #: ``dcredit``: rank 0 writes the measured profile, cost model and plan to this JSON file
     #: (read by ``python -m dcredit_hvd plan --profile``).  ``DCREDIT_PROFILE_OUT``.
     profile_out: Optional[str] = None
@@ -245,9 +246,8 @@ class SchedulerConfig:
             return liveness.validate(_LIVENESS_SETTING[name], value, what)
         raise AssertionError(name)
 
-    def drift_settings(self):
+    def drift_settings(self) -> DriftSettings:
         """The detector's thresholds (``drift.DriftSettings``)."""
-        from .drift import DriftSettings
         return DriftSettings(patience=self.replan_patience, seconds=self.replan_seconds,
                              time_threshold=self.replan_time_threshold,
                              link_threshold=self.replan_link_threshold)

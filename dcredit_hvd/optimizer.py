@@ -745,9 +745,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         Every rank reads the sum at the same iteration end, so all start the new profile at
         the same step without any other message."""
         fired = self._is_gate and self._drift.fired is not None
-        self._control_word = torch.tensor([1.0 if fired else 0.0])
-        self._control = comm.submit(self._control_word, "dcredit.control", hvd.Sum, 1.0, 1.0,
-                                    self._process_set)
+        self._control = comm.submit(torch.tensor([1.0 if fired else 0.0]), "dcredit.control",
+                                    hvd.Sum, 1.0, 1.0, self._process_set)
 
     def _watch_drift(self) -> None:
         if self._control is not None:

@@ -80,7 +80,7 @@ class Profile:
         """The profile of the units ``groups`` forms (``blocks.build_layout``): per unit the
         sums of its members' bytes and times.  A unit is ready when its last member is, which
         for consecutive tensors is ``r`` of its first: ``ready_times`` stay exact."""
-        from .blocks import check_groups
+        from .blocks import check_groups, unit_name
 
         groups = tuple(groups)
         check_groups(groups, self.num_tensors)
@@ -95,8 +95,7 @@ class Profile:
                 raise ValueError("Profile.grouped: a unit mixes element sizes")
         t_u = self.t_u
         return Profile(
-            names=tuple(self.names[s[0]] if len(s) == 1 else f"{self.names[s[0]]}+{len(s) - 1}"
-                        for s in spans),
+            names=tuple(unit_name(self.names[s[0]], len(s)) for s in spans),
             nbytes=tuple(sum(self.nbytes[i] for i in s) for s in spans),
             element_size=tuple(self.element_size[s[0]] for s in spans),
             t_f=tuple(sum(self.t_f[i] for i in s) for s in spans),

@@ -306,6 +306,20 @@ def with_block_overhead(profile: Profile, layouts: Sequence[TensorLayout],
     return replace(profile, t_b=t_b)
 
 
+def dependencies(profile: Profile, cost: CostModel) -> list[float]:
+    """Per tensor ``l``: ``r_l + T(M_l) + t_u(l) + forward of layers l..L-1``, the earliest the
+    next iteration's backward can start as far as tensor ``l`` alone decides
+    (:func:`dependency_bound` is their maximum)."""
+    ready = profile.ready_times()
+    t_u = profile.t_u or (0.0,) * profile.num_tensors
+    ends = [0.0] * profile.num_tensors
+    tail = 0.0
+    for l in range(profile.num_tensors - 1, -1, -1):
+        tail += profile.t_f[l]
+        ends[l] = ready[l] + cost.time(profile.nbytes[l]) + t_u[l] + tail
+    return ends
+
+
 def dependency_bound(profile: Profile, cost: CostModel) -> float:
     """``max_l (r_l + T(M_l) + t_u(l) + forward of layers l..L-1)``.
 
@@ -314,13 +328,7 @@ def dependency_bound(profile: Profile, cost: CostModel) -> float:
     plus its update.  A tied embedding (read first by forward, produced last by backward) makes
     this exceed ``compute`` by about one all-reduce of the embedding, whatever the schedule.
     """
-    ready = profile.ready_times()
-    t_u = profile.t_u or (0.0,) * profile.num_tensors
-    tail, best = 0.0, 0.0
-    for l in range(profile.num_tensors - 1, -1, -1):
-        tail += profile.t_f[l]
-        best = max(best, ready[l] + cost.time(profile.nbytes[l]) + t_u[l] + tail)
-    return best
+    return max(dependencies(profile, cost), default=0.0)
 
 
 def lower_bound(profile: Profile, cost: CostModel) -> float:

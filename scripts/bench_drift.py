@@ -31,6 +31,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from dcredit_hvd.bench import link_need  # noqa: E402  (torch-free: the driver imports no torch)
+
 MODEL = {"vocab": 4096, "ctx": 128, "seq_len": 128, "d": 256, "layers": 4, "heads": 8}
 BATCH = 4
 POLICIES = ("dcredit", "dcredit-static", "bytescheduler", "horovod")
@@ -153,14 +156,6 @@ def launch(policy: str, schedule: str | None, args: argparse.Namespace, out: Pat
     return json.loads(out.read_text())
 
 
-def _bits_per_second(rate: str) -> float:
-    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "bit": 1.0}
-    for unit, scale in units.items():
-        if rate.lower().endswith(unit):
-            return float(rate[: -len(unit)]) * scale
-    raise ValueError(f"bench_drift: unknown rate {rate!r} (use e.g. 250mbit, 1gbit)")
-
-
 def phases(record: dict) -> list[tuple[str, float, float]]:
     """``(rate, start, end)`` in unix seconds for each phase the cluster ran."""
     changes = record["rate_log"] or [(record["started"], (record["schedule"] or "1gbit").split(",")[0])]
@@ -180,9 +175,11 @@ def summarise(record: dict, compute_s: float, comm_s: dict[str, float]) -> list[
         inside = [dt for t, dt in iterations if t - dt >= start and t <= end]
         if not inside:
             continue
-        seconds_per_byte = 8.0 / _bits_per_second(rate)     # 2 hosts, recursive doubling
-        bound = max(compute_s, comm_s.get(rate, record["bytes"] * seconds_per_byte),
-                    compute_s + record["tied_bytes"] * seconds_per_byte)
+        on_link = link_need(record["bytes"], 2, rate)
+        if on_link is None:
+            raise ValueError(f"bench_drift: unknown rate {rate!r} (use e.g. 250mbit, 1gbit)")
+        bound = max(compute_s, comm_s.get(rate, on_link["seconds"]),
+                    compute_s + link_need(record["tied_bytes"], 2, rate)["seconds"])
         rows.append({"rate": rate, "start": start, "end": end, "count": len(inside),
                      "median_s": statistics.median(inside), "mean_s": statistics.fmean(inside),
                      "settled_s": statistics.median(inside[-10:]),
