@@ -30,6 +30,8 @@ HOROVOD_VERSION=0.28.1
 TORCH_VERSION=${TORCH_VERSION:-2.13.0}
 # The real-architecture parity tests build tiny models from transformers (pure Python, no download).
 TRANSFORMERS_VERSION=${TRANSFORMERS_VERSION:-5.24.0}
+# peft wraps a real model in LoRA adapters for the training-pattern parity tests.
+PEFT_VERSION=${PEFT_VERSION:-0.21.2}
 BUILD_DIR=${DCREDIT_BUILD_DIR:-$ROOT/.build}
 GPU_OPS=${DCREDIT_HOROVOD_GPU_OPS:-auto}
 MPI_MODE=${DCREDIT_HOROVOD_MPI:-auto}
@@ -99,11 +101,11 @@ if [ "$VENV" != system ] && [ ! -x "$PY" ]; then
     fi
 fi
 if [ "$machine_torch" = 0 ]; then
-    if ! "$PY" -c "import torch, numpy, mpi4py, pytest, hypothesis, transformers; assert torch.__version__.split('+')[0] == '$TORCH_VERSION'; assert transformers.__version__ == '$TRANSFORMERS_VERSION'" 2>/dev/null; then
-        log "pip install torch==$TORCH_VERSION numpy mpi4py pytest hypothesis ruff transformers==$TRANSFORMERS_VERSION"
+    if ! "$PY" -c "import torch, numpy, mpi4py, pytest, hypothesis, transformers, peft; assert torch.__version__.split('+')[0] == '$TORCH_VERSION'; assert transformers.__version__ == '$TRANSFORMERS_VERSION'; assert peft.__version__ == '$PEFT_VERSION'" 2>/dev/null; then
+        log "pip install torch==$TORCH_VERSION numpy mpi4py pytest hypothesis ruff transformers==$TRANSFORMERS_VERSION peft==$PEFT_VERSION"
         "$PY" -m pip install -q --upgrade pip setuptools wheel
         "$PY" -m pip install -q "torch==$TORCH_VERSION" numpy mpi4py pytest hypothesis ruff matplotlib \
-            "transformers==$TRANSFORMERS_VERSION"
+            "transformers==$TRANSFORMERS_VERSION" "peft==$PEFT_VERSION"
     fi
 else
     "$PY" -c "import torch" 2>/dev/null \
@@ -113,7 +115,7 @@ else
     "$PY" -c "import setuptools, wheel, sys; sys.exit(int(setuptools.__version__.split('.')[0]) < 64)" \
         2>/dev/null || "$PY" -m pip install -q "${pip_src[@]}" --upgrade setuptools wheel
     wanted=(pytest hypothesis "transformers==$TRANSFORMERS_VERSION")
-    [ -n "$WHEELS" ] || wanted+=(numpy ruff)
+    [ -n "$WHEELS" ] || wanted+=(numpy ruff "peft==$PEFT_VERSION")
     if [ -z "$WHEELS" ] && command -v mpicxx >/dev/null && [ "$MPI_MODE" = auto ]; then
         wanted+=(mpi4py)
     fi
