@@ -9,6 +9,8 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["dcredit_hvd", "dcredit_hvd.*"]),
+    # the replay profiles of the emulated cluster (dcredit_hvd.replay.shipped)
+    package_data={"dcredit_hvd": ["profiles/*.json"]},
     python_requires=">=3.9",
     # Horovod is built from source against the installed torch (scripts/install.sh);
     # listing it here would make pip try a build of its own without the C++17 fix.
