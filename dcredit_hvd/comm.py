@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional
 import horovod.torch as hvd
 import torch
 
-from . import liveness
+from . import handshake, interfaces, liveness
 from .scheduler import PeerLostError
 
 #: The reduction ops, re-exported so no other module needs Horovod for them.
@@ -203,8 +203,14 @@ _channels: dict[tuple, Any] = {}
 
 def watch_peers(process_set: Any = None, config: Any = None) -> Any:
     """The ``liveness.Liveness`` channel among the ranks of ``process_set``, started at the
-    first call (a collective over the set: each rank's address is all-gathered); None when it
-    is off (``DCREDIT_LIVENESS=0``), for a single rank, or in an elastic job.
+    first call (a collective over the set: rank 0's secret is broadcast, each rank's address
+    is all-gathered); None when it is off (``DCREDIT_LIVENESS=0``), for a single rank, or in an
+    elastic job.
+
+    The secret, drawn by rank 0 and carried by Horovod (the job's trusted channel), never
+    travels on the liveness sockets: a connection that cannot prove it knows it is refused
+    (``handshake``).  The channel listens on one address (``interfaces.listen_address``):
+    loopback when every rank is on this host, else the collective library's interface.
 
     Elastic jobs get none: a worker that joins constructs while the others are inside
     elastic's ``sync()``, so an address exchange would never be matched; there Horovod's own
@@ -219,8 +225,12 @@ def watch_peers(process_set: Any = None, config: Any = None) -> Any:
         return None
     key = (getattr(process_set, "process_set_id", None), process_set.size(), process_set.rank())
     if key not in _channels:
+        secret = broadcast_object(handshake.new_secret() if process_set.rank() == 0 else None,
+                                  0, process_set, "dcredit.liveness.secret")
+        bind = interfaces.listen_address(config.bind, single_host=hvd.local_size() == hvd.size())
         channel = liveness.Liveness(process_set.rank(), process_set.size(), config,
-                                    exit_on_loss=True, needed=hvd.is_initialized)
+                                    secret=secret, bind=bind, exit_on_loss=True,
+                                    needed=hvd.is_initialized)
         table = allgather_object(channel.address(), process_set, "dcredit.liveness")
         channel.start(table)
         _channels[key] = channel

@@ -148,12 +148,15 @@ class SchedulerConfig:
     #: heartbeats (``DCREDIT_LIVENESS_INTERVAL``), silence after which a peer is lost
     #: (``DCREDIT_LIVENESS_TIMEOUT``, at least two heartbeats), and seconds the training thread
     #: has to raise and exit after a loss before the process is ended
-    #: (``DCREDIT_LIVENESS_EXIT_SECONDS``; 0: never forced).  Read at the first optimizer of a
-    #: process set, which starts the channel.
+    #: (``DCREDIT_LIVENESS_EXIT_SECONDS``; 0: never forced); the address or interface it
+    #: listens on (``DCREDIT_LIVENESS_BIND``; empty: the collective library's, see
+    #: ``interfaces.py``).  Read at the first optimizer of a process set, which starts the
+    #: channel.
     liveness: bool = True
     liveness_interval: float = 1.0
     liveness_timeout: float = 10.0
     liveness_exit_seconds: float = 10.0
+    liveness_bind: str = ""
     #: Where each field's value came from ("keyword", "environment", "default").
     sources: dict = field(default_factory=dict, compare=False, repr=False)
 

@@ -15,15 +15,21 @@ keeps one TCP connection to every other rank, served by its own daemon thread:
 
 A rank that leaves on purpose says goodbye first (``goodbye``, run at interpreter exit): a
 normal exit is not a loss; an exit by an uncaught exception is one, and the goodbye carries the
-exception for the survivors' message.  Nothing here calls Horovod: ``comm`` exchanges the
-addresses (``Liveness.address`` then ``start(table)``) and decides what a loss means for the
-job.  The wire format is lines: an empty line is a heartbeat, ``hello``/``bye`` carry JSON.
+exception for the survivors' message.  Nothing here calls Horovod: ``comm`` hands over the job's
+secret, exchanges the addresses (``Liveness.address`` then ``start(table)``) and decides what a
+loss means for the job.  The wire format is lines: an empty line is a heartbeat, the others carry
+JSON (``challenge``/``hello``/``welcome``, ``bye``).
+
+Only the job's ranks get in.  A connection counts once both ends proved that they know the
+secret (``handshake``: challenge-response, so a recorded hello is worth nothing); a rank that is
+connected is never replaced by a second hello; a connection that has not proved itself within
+``HANDSHAKE_SECONDS`` is closed, and at most ``PENDING_SPARE`` more of them than there are
+ranks are kept at once (the oldest goes).  The listener is on one address (``interfaces``).
 """
 from __future__ import annotations
 
 import atexit
 import errno
-import hashlib
 import json
 import logging
 import os
@@ -36,12 +42,24 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from . import handshake, interfaces
+
 log = logging.getLogger("dcredit_hvd")
 
 #: Exit status of a rank that ended because a peer was lost.
 EXIT_STATUS = 1
 #: Seconds a connection attempt to one address may take at start-up.
 CONNECT_SECONDS = 5.0
+#: Seconds an accepted connection has to prove itself (its hello) before it is closed.
+HANDSHAKE_SECONDS = 5.0
+#: Connections not proved yet that are kept beyond one per rank; past that the oldest is closed.
+PENDING_SPARE = 16
+#: Times a connecting rank dials the same address again after it hung up before the handshake
+#: ended (it timed the connection out, or closed it to make room).
+REDIALS = 3
+#: This process's secret, for channels that are given none: only channels within this process
+#: share it (tests); a job's ranks are given rank 0's (``comm.watch_peers``).
+_PROCESS_SECRET = handshake.new_secret()
 
 
 @dataclass(frozen=True)
@@ -60,13 +78,18 @@ class Settings:
     #: before the process is ended with ``EXIT_STATUS`` (``DCREDIT_LIVENESS_EXIT_SECONDS``;
     #: 0: never force the exit).
     exit_seconds: float = 10.0
+    #: The address, or interface name, to listen on (``DCREDIT_LIVENESS_BIND``); empty: the
+    #: collective library's (``interfaces.listen_address`` gives the rules).
+    bind: str = ""
 
 
 ENV = {"enabled": "DCREDIT_LIVENESS", "interval": "DCREDIT_LIVENESS_INTERVAL",
-       "timeout": "DCREDIT_LIVENESS_TIMEOUT", "exit_seconds": "DCREDIT_LIVENESS_EXIT_SECONDS"}
+       "timeout": "DCREDIT_LIVENESS_TIMEOUT", "exit_seconds": "DCREDIT_LIVENESS_EXIT_SECONDS",
+       "bind": "DCREDIT_LIVENESS_BIND"}
 #: The ``config.SchedulerConfig`` field that carries each setting.
 CONFIG_FIELD = {"enabled": "liveness", "interval": "liveness_interval",
-                "timeout": "liveness_timeout", "exit_seconds": "liveness_exit_seconds"}
+                "timeout": "liveness_timeout", "exit_seconds": "liveness_exit_seconds",
+                "bind": "liveness_bind"}
 _SWITCH = {"1": True, "true": True, "yes": True, "on": True,
            "0": False, "false": False, "no": False, "off": False}
 
@@ -80,6 +103,13 @@ def validate(name: str, raw: Any, what: str) -> Any:
             raise ValueError(f"{what} must be 1 or 0 (also true/false, yes/no, on/off), "
                              f"got {raw!r}")
         return _SWITCH[key]
+    if name == "bind":
+        choice = str(raw).strip()
+        if choice and interfaces.resolve_choice(choice) is None:
+            names = ", ".join(interfaces.interface_addresses()) or "none found"
+            raise ValueError(f"{what} must be an IP address of this host or the name of one of "
+                             f"its network interfaces ({names}), got {raw!r}")
+        return choice
     try:
         number = float(raw)
     except (TypeError, ValueError):
@@ -143,8 +173,11 @@ class _Peer:
         self.pid: int = entry["pid"]
         self.candidates: list[tuple[str, int]] = [(a, entry["port"]) for a in entry["addrs"]]
         self.sock: Optional[socket.socket] = None
-        self.connected = False           # hello exchanged
-        self.connecting = False
+        self.connected = False           # both proofs held (``handshake``)
+        self.connecting = False          # TCP connect in progress (a rank above this one)
+        self.answer: Optional[handshake.Answer] = None    # the handshake this rank dials
+        self.address: Optional[tuple[str, int]] = None    # the address dialled
+        self.redials = 0
         self.buffer = b""
         self.last_seen = time.monotonic()
         self.gone = False                # lost or departed: no longer watched
@@ -161,21 +194,29 @@ class Liveness:
     """
 
     def __init__(self, rank: int, size: int, config: Settings = Settings(), *,
-                 bind: str = "", advertise: Optional[list[str]] = None,
-                 exit_on_loss: bool = False,
+                 secret: Optional[bytes] = None, bind: Optional[str] = None,
+                 advertise: Optional[list[str]] = None, exit_on_loss: bool = False,
                  needed: Optional[Callable[[], bool]] = None) -> None:
+        """``secret``: the job's (the same bytes on every rank, from a trusted channel; default
+        this process's own, for channels within one process).  ``bind``: the address to listen
+        on (default: the first of ``advertise`` this host has, else
+        ``interfaces.listen_address(config.bind)``); ``advertise``: the addresses the peers are
+        told (default: the one listened on)."""
         self.rank, self.size, self.config = rank, size, config
         self.exit_on_loss = exit_on_loss
         #: Whether the peers are still needed (``comm``: Horovod is initialised); a peer lost
         #: after the job's collectives are over (``hvd.shutdown()``) is no reason to fail.
         self._needed = needed
-        self._listener = socket.create_server((bind, 0), backlog=max(8, size))
+        self._secret = handshake.check_secret(_PROCESS_SECRET if secret is None else secret)
+        self._listener = interfaces.listener(bind, advertise, config.bind, max(8, size))
         self._listener.setblocking(False)
-        self._port = self._listener.getsockname()[1]
-        self._advertise = advertise if advertise is not None else _local_addresses()
+        self._bound, self._port = self._listener.getsockname()[:2]
+        self._advertise = advertise if advertise is not None else [self._bound]
         self._peers: dict[int, _Peer] = {}
-        self._unknown: dict[socket.socket, bytes] = {}     # accepted, hello not read yet
-        self._token = ""
+        #: Accepted connections that have not proved themselves, oldest first.
+        self._unknown: dict[socket.socket, handshake.Challenge] = {}
+        self._pending_limit = PENDING_SPARE + size
+        self._refused: dict[str, int] = {}
         self._lock = threading.Lock()
         self._lost: list[PeerEvent] = []
         self._lost_event = threading.Event()
@@ -197,9 +238,8 @@ class Liveness:
         """Connect to every peer in ``table`` (one entry per rank) and start the thread.
 
         Rank ``i`` connects to every rank above it and accepts the ones below; both ends
-        check a token derived from the whole table, so a stray connection is refused.
+        prove that they know the job's secret (``handshake``), so a stranger is refused.
         """
-        self._token = hashlib.sha256(json.dumps(table, sort_keys=True).encode()).hexdigest()[:16]
         for entry in table:
             if entry["rank"] != self.rank:
                 self._peers[entry["rank"]] = _Peer(entry)
@@ -228,6 +268,7 @@ class Liveness:
                 code = -1
             if code in (0, errno.EINPROGRESS, errno.EAGAIN):
                 peer.sock, peer.connecting, peer.last_seen = sock, True, time.monotonic()
+                peer.address, peer.answer = address, None
                 self._selector.register(sock, selectors.EVENT_WRITE, peer)
                 return
             sock.close()
@@ -326,6 +367,8 @@ class Liveness:
                 # silence it would see is its own, so it does not count against the peers.
                 for peer in self._peers.values():
                     peer.last_seen += overslept
+                for challenge in self._unknown.values():
+                    challenge.opened += overslept
             for key, mask in events:
                 if self._stop.is_set():
                     return
@@ -339,18 +382,15 @@ class Liveness:
         if data == "wake":
             return
         if data == "listen":
-            try:
-                conn, _ = self._listener.accept()
-            except OSError:
-                return
-            conn.setblocking(False)
-            self._unknown[conn] = b""
-            self._selector.register(conn, selectors.EVENT_READ, "unknown")
+            self._accept()
             return
         if data == "unknown":
-            self._read_hello(sock)
+            if sock in self._unknown:           # (not closed by this very batch)
+                self._read_hello(sock)
             return
         peer: _Peer = data
+        if sock is not peer.sock:               # closed by this very batch
+            return
         if peer.connecting and mask & selectors.EVENT_WRITE:
             code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
             self._selector.unregister(sock)
@@ -359,44 +399,94 @@ class Liveness:
                 peer.sock, peer.connecting = None, False
                 self._connect(peer)
                 return
-            peer.connecting = False
-            self._send(peer, b"hello " + json.dumps({"token": self._token,
-                                                     "rank": self.rank}).encode() + b"\n")
+            peer.connecting = False        # the acceptor speaks first: its challenge
+            peer.answer = handshake.Answer(self._secret, self.rank, peer.rank)
             self._selector.register(sock, selectors.EVENT_READ, peer)
             return
         self._read(peer)
 
+    def _accept(self) -> None:
+        """Take what the listener holds; each connection is challenged at once and has
+        ``HANDSHAKE_SECONDS`` to answer.  Past the limit, the oldest waiting one goes."""
+        for _ in range(64):
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            conn.setblocking(False)
+            if len(self._unknown) >= self._pending_limit:
+                self._refuse(next(iter(self._unknown)), "crowd", "too many connections were "
+                             "waiting to prove themselves (the oldest was closed)")
+            challenge = handshake.Challenge(self._secret, self.rank, time.monotonic())
+            try:
+                conn.send(challenge.greeting())     # a short line fits in a new socket
+            except OSError:
+                conn.close()
+                continue
+            self._unknown[conn] = challenge
+            self._selector.register(conn, selectors.EVENT_READ, "unknown")
+
     def _read_hello(self, conn: socket.socket) -> None:
-        """An accepted connection: adopt it as the peer its hello names, or drop it."""
+        """An accepted connection: adopt it as the peer its hello proves, or refuse it."""
+        challenge = self._unknown[conn]
         try:
-            chunk = conn.recv(4096)
+            chunk = conn.recv(handshake.MAX_LINE)
         except OSError:
             chunk = b""
-        buffer = self._unknown.get(conn, b"") + chunk
-        if chunk and b"\n" not in buffer and len(buffer) < 4096:
-            self._unknown[conn] = buffer
+        challenge.buffer += chunk
+        if chunk and b"\n" not in challenge.buffer and len(challenge.buffer) < handshake.MAX_LINE:
             return
-        self._selector.unregister(conn)
-        self._unknown.pop(conn, None)
-        line, _, rest = buffer.partition(b"\n")
-        try:
-            hello = json.loads(line[len(b"hello "):]) if line.startswith(b"hello ") else {}
-        except ValueError:
-            hello = {}
-        peer = self._peers.get(hello.get("rank")) if hello.get("token") == self._token else None
-        if peer is None or peer.rank > self.rank or peer.gone:
-            conn.close()
+        line, _, rest = challenge.buffer.partition(b"\n")
+        proved = challenge.verify(handshake.parse(line, "hello")) if b"\n" in challenge.buffer \
+            else None
+        if proved is None:
+            self._refuse(conn, "proof", "it did not prove that it knows the job's secret"
+                         if chunk else "it hung up before its hello")
             return
+        rank, theirs = proved
+        peer = self._peers.get(rank)
+        if peer is None or peer.rank > self.rank:
+            self._refuse(conn, "rank", f"its hello, with a valid proof, names rank {rank}, "
+                         f"which does not connect to rank {self.rank}")
+            return
+        if peer.connected or peer.gone:
+            self._refuse(conn, "second", f"rank {rank} is {'lost' if peer.gone else 'connected'}"
+                         " already: a second hello for it is never let in")
+            return
+        self._forget_pending(conn)
         peer.sock, peer.connected, peer.buffer = conn, True, rest
         peer.last_seen = time.monotonic()
-        self._send(peer, b"hello " + json.dumps({"token": self._token,
-                                                 "rank": self.rank}).encode() + b"\n")
+        self._send(peer, challenge.welcome(rank, theirs))
         self._selector.register(conn, selectors.EVENT_READ, peer)
         self._lines(peer)
 
-    def _read(self, peer: _Peer) -> None:
+    def _forget_pending(self, conn: socket.socket) -> None:
+        self._unknown.pop(conn, None)
         try:
-            chunk = peer.sock.recv(65536)
+            self._selector.unregister(conn)
+        except (KeyError, ValueError):
+            pass
+
+    def _refuse(self, conn: socket.socket, kind: str, reason: str) -> None:
+        """Close a connection that did not prove itself; log the 1st, 10th, 100th ... refusal
+        of each ``kind`` (a flood must not flood the log too)."""
+        try:
+            origin = "{}:{}".format(*conn.getpeername()[:2])
+        except OSError:
+            origin = "an unknown address"
+        self._forget_pending(conn)
+        conn.close()
+        count = self._refused[kind] = self._refused.get(kind, 0) + 1
+        if count == 10 ** (len(str(count)) - 1):
+            log.warning("dcredit_hvd: the liveness channel of rank %d refused a connection from "
+                        "%s: %s (%d such so far). Only the job's own ranks, which know its "
+                        "secret, get in; watching the peers goes on", self.rank, origin, reason,
+                        count)
+
+    def _read(self, peer: _Peer) -> None:
+        sock = peer.sock
+        try:
+            chunk = sock.recv(65536)
         except BlockingIOError:
             return
         except OSError as exc:
@@ -404,17 +494,18 @@ class Liveness:
             return
         if not chunk:
             self._lines(peer)
-            self._closed(peer, "end of stream")
+            if peer.sock is sock:           # (a failed handshake may have dialled again)
+                self._closed(peer, "end of stream")
             return
         peer.last_seen = time.monotonic()
         peer.buffer += chunk
         self._lines(peer)
 
     def _lines(self, peer: _Peer) -> None:
-        while b"\n" in peer.buffer and not peer.gone:
+        while b"\n" in peer.buffer and not peer.gone and peer.sock is not None:
             line, _, peer.buffer = peer.buffer.partition(b"\n")
-            if line.startswith(b"hello "):
-                peer.connected = True
+            if not peer.connected:
+                self._handshake(peer, line)
             elif line.startswith(b"bye "):
                 try:
                     reason = json.loads(line[4:]).get("error")
@@ -425,14 +516,43 @@ class Liveness:
                     self._declare(peer, "failed", reason)
                 else:
                     peer.departed = True
+        if not peer.connected and len(peer.buffer) >= handshake.MAX_LINE:
+            self._hang_up(peer, "it sent a line longer than any handshake")
+
+    def _handshake(self, peer: _Peer, line: bytes) -> None:
+        """The dialling side (a rank above this one): answer its challenge, check its welcome."""
+        answer = peer.answer
+        if not answer.answered:
+            hello = answer.hello(handshake.parse(line, "challenge"))
+            if hello is not None:
+                self._send(peer, hello)
+                return
+            self._hang_up(peer, f"its first line was no challenge from rank {peer.rank}")
+        elif answer.accepts(handshake.parse(line, "welcome")):
+            peer.connected, peer.last_seen = True, time.monotonic()
+        else:
+            self._hang_up(peer, "its welcome did not prove that it knows the job's secret")
+
+    def _hang_up(self, peer: _Peer, reason: str) -> None:
+        """What listens at ``peer``'s address is not that rank: try its next address."""
+        log.warning("dcredit_hvd: the liveness channel of rank %d hung up on %s, given as the "
+                    "address of rank %d (host %s): %s; trying its next address", self.rank,
+                    "{}:{}".format(*peer.address[:2]), peer.rank, peer.host, reason)
+        self._drop_socket(peer)
+        self._connect(peer)
 
     def _closed(self, peer: _Peer, detail: str) -> None:
         if peer.gone:
             return
         if not peer.connected:
-            # Never established (the hello was not answered): a wrong address, not a death.
+            # Never established: the listener timed this connection out or made room (dial
+            # it again, a few times), or a wrong address (try the next): not a death.
+            dialled = peer.address if peer.answer is not None else None
             self._drop_socket(peer)
             if peer.rank > self.rank:
+                if dialled is not None and peer.redials < REDIALS:
+                    peer.redials += 1
+                    peer.candidates.insert(0, dialled)
                 self._connect(peer)
             return
         self._forget(peer)
@@ -449,9 +569,12 @@ class Liveness:
             except (KeyError, ValueError):
                 pass
             peer.sock.close()
-            peer.sock, peer.connecting = None, False
+            peer.sock, peer.connecting, peer.answer, peer.buffer = None, False, None, b""
 
     def _beat(self, now: float) -> None:
+        for conn, challenge in list(self._unknown.items()):
+            if now - challenge.opened > HANDSHAKE_SECONDS:
+                self._refuse(conn, "slow", f"it sent no hello within {HANDSHAKE_SECONDS:g} s")
         for peer in list(self._peers.values()):
             if peer.gone:
                 continue
@@ -528,31 +651,3 @@ def _hard_exit() -> None:
         except Exception:
             pass
     os._exit(EXIT_STATUS)
-
-
-def _local_addresses() -> list[str]:
-    """The addresses peers may reach this host at: what its name resolves to (the same name
-    the launcher used to start it), then loopback for ranks on the same host."""
-    addresses: list[str] = []
-    names = [os.environ.get("HOROVOD_HOSTNAME", ""), socket.gethostname(), socket.getfqdn()]
-    for name in filter(None, names):
-        try:
-            infos = socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)
-        except OSError:
-            continue
-        for info in infos:
-            address = info[4][0]
-            if address not in addresses and not address.startswith("127."):
-                addresses.append(address)
-    try:
-        # The source address of the default route (a UDP connect sends nothing): covers hosts
-        # whose name resolves to loopback only (Debian's 127.0.1.1).
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            probe.connect(("192.0.2.1", 9))
-            address = probe.getsockname()[0]
-        if address not in addresses and not address.startswith("127."):
-            addresses.append(address)
-    except OSError:
-        pass
-    addresses.append("127.0.0.1")
-    return addresses
