@@ -36,6 +36,13 @@
 # which iterations ran at which rate. It lives in the cluster's temporary directory and goes
 # with it, unless VCLUSTER_RATE_LOG is set on entry: then that file is written and kept.
 #
+# --mtu BYTES (or VCLUSTER_MTU; default 1500) sets every NIC's MTU: 9000 gives jumbo frames, as
+# GPU clusters' Ethernet and RoCE fabrics use; tbf counts every header, so at 1500 bytes TCP's
+# payload is 95.7% of RATE, at 9000 99.3%. --no-slow-start-after-idle sets
+# net.ipv4.tcp_slow_start_after_idle=0 in every host (a ring all-reduce's connections idle
+# between steps; a datacenter TCP keeps its window), as the emulated cluster (docs/benchmarks.md)
+# runs.
+#
 # --delay TIME (or VCLUSTER_DELAY) adds a one-way latency per NIC direction with netem where the
 # kernel has it. This machine's kernel has NO netem ("Specified qdisc kind is unknown"): there
 # the option fails with that message rather than running without the latency.
@@ -47,15 +54,18 @@
 set -uo pipefail
 
 die() { echo "vcluster.sh: error: $1" >&2; exit "${2:-2}"; }
-usage="usage: scripts/vcluster.sh [--delay TIME] [--rate-schedule RATE,RATE@SECONDS,...] N RATE \
+usage="usage: scripts/vcluster.sh [--delay TIME] [--mtu BYTES] [--no-slow-start-after-idle] \
+[--rate-schedule RATE,RATE@SECONDS,...] N RATE \
 -- COMMAND...   (e.g. 2 1gbit -- mpirun -np 2 -H h0,h1 hostname)"
 example="e.g. --rate-schedule 1gbit,250mbit@40,1gbit@80 (1gbit from the start, 250mbit from 40 s, \
 1gbit again from 80 s)"
 
-delay=${VCLUSTER_DELAY:-} schedule= scheduled=
+delay=${VCLUSTER_DELAY:-} schedule= scheduled= mtu=${VCLUSTER_MTU:-1500} ssai=1
 while [ $# -gt 0 ]; do
     case $1 in
         --delay) [ $# -ge 2 ] || die "--delay needs a TIME. $usage"; delay=$2; shift 2 ;;
+        --mtu) [ $# -ge 2 ] || die "--mtu needs a byte count. $usage"; mtu=$2; shift 2 ;;
+        --no-slow-start-after-idle) ssai=0; shift ;;
         --rate-schedule) [ $# -ge 2 ] || die "--rate-schedule needs a schedule, $example"
             schedule=$2 scheduled=1; shift 2 ;;
         --*) die "unknown option '$1'. $usage" ;;
@@ -70,6 +80,8 @@ shift
 [ $# -gt 0 ] || die "no COMMAND given after --. $usage"
 [[ $n =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] && [ "$n" -le 200 ] \
     || die "N must be a host count from 1 to 200, got '$n'"
+[[ $mtu =~ ^[0-9]+$ ]] && [ "$mtu" -ge 576 ] && [ "$mtu" -le 65535 ] \
+    || die "--mtu must be a byte count from 576 to 65535, got '$mtu'"
 
 # A tc bit rate in bytes per second (needed to size the queue and the bucket); fails otherwise.
 rate_bytes() {
@@ -236,10 +248,12 @@ for ((i = 0; i < n; i++)); do
     printf '%s\n' "$hosts_file" > "/etc/netns/$ns/hosts"
     echo "h$i" > "/etc/netns/$ns/hostname"
     ip -n "$sw" link add "h$i" type veth peer name eth0 netns "$ns" || fail "cannot create veth for h$i"
-    ip -n "$sw" link set "h$i" master br0 up
+    ip -n "$sw" link set "h$i" mtu "$mtu" master br0 up || fail "cannot set MTU $mtu on h$i"
     ip -n "$ns" link set lo up
     ip -n "$ns" addr add "10.77.$((i / 250)).$((i % 250 + 1))/16" dev eth0
-    ip -n "$ns" link set eth0 up
+    ip -n "$ns" link set eth0 mtu "$mtu" up || fail "cannot set MTU $mtu on eth0 of h$i"
+    ip netns exec "$ns" sysctl -qw net.ipv4.tcp_slow_start_after_idle="$ssai" \
+        || fail "cannot set tcp_slow_start_after_idle in $ns"
     shape "$ns" eth0          # what h$i sends
     shape "$sw" "h$i"         # what h$i receives
 done
@@ -267,7 +281,7 @@ esac
 exec ip netns exec "$tag-\$host" unshare --uts /bin/sh -c 'hostname "\$0" && cd "\$HOME" && exec "\$@"' \\
     "\$host" env -i HOME="\${HOME:-/root}" USER="\${USER:-root}" LANG="\${LANG:-C.UTF-8}" \\
     PATH="$shim:\$PATH" OMPI_MCA_plm_rsh_agent="$shim/rsh" VCLUSTER_HOSTS="$(IFS=,; echo "${hosts[*]}")" \\
-    VCLUSTER_RATE="$rate" VCLUSTER_N="$n" VCLUSTER_RATE_SCHEDULE="$schedule_env" \\
+    VCLUSTER_RATE="$rate" VCLUSTER_N="$n" VCLUSTER_MTU="$mtu" VCLUSTER_RATE_SCHEDULE="$schedule_env" \\
     VCLUSTER_RATE_LOG=$(printf %q "$rate_log") /bin/bash -c "\$*"
 EOF
 cp "$shim/rsh" "$shim/ssh"
@@ -321,7 +335,8 @@ rate_scheduler() {
 }
 
 echo "[vcluster] $n host(s) ${hosts[*]} on one switch, each NIC $rate both ways (tbf burst" \
-     "$burst B, queue $limit B)${delay:+, +$delay each way}${changes}; command on h0" >&2
+     "$burst B, queue $limit B, MTU $mtu)${delay:+, +$delay each way}${changes}$( \
+     [ "$ssai" = 0 ] && echo ', no slow start after idle'); command on h0" >&2
 
 now; t0_us=$now_us
 stamp epoch "$t0_us"
@@ -333,7 +348,7 @@ ip netns exec "$tag-h0" unshare --uts /bin/sh -c 'hostname h0 && exec "$@"' h0 \
     OMPI_MCA_btl_tcp_if_include=eth0 OMPI_MCA_oob_tcp_if_include=eth0 \
     HOROVOD_GLOO_IFACE=eth0 GLOO_SOCKET_IFNAME=eth0 \
     VCLUSTER_HOSTS="$(IFS=,; echo "${hosts[*]}")" VCLUSTER_RATE="$rate" VCLUSTER_N="$n" \
-    VCLUSTER_RATE_SCHEDULE="$schedule_env" VCLUSTER_RATE_LOG="$rate_log" \
+    VCLUSTER_RATE_SCHEDULE="$schedule_env" VCLUSTER_RATE_LOG="$rate_log" VCLUSTER_MTU="$mtu" \
     VCLUSTER_NAMESPACE_PREFIX="$tag-" "$@" &
 child=$!
 if [ ${#rates[@]} -gt 1 ]; then rate_scheduler & sched=$!; fi

@@ -1,0 +1,251 @@
+"""The emulated GPU cluster benchmark: every policy on real hosts and all-reduces, with each
+layer's compute replayed from a profile (``dcredit_hvd.replay``), in the target cluster's time.
+
+    scripts/vcluster.sh 8 100mbit -- horovodrun -np 8 -H h0:1,...,h7:1 --gloo \\
+        python -m dcredit_hvd.emulate --profile vgg16 --target-rate 10gbit --byte-scale 25
+
+(``scripts/bench_emulated.py`` builds these launches, one per model, host count and target.)
+Per policy, in one launch as ``dcredit_hvd.bench`` does: ms per iteration in cluster time
+(wall / K), x the lower bound, the speed-up over each baseline, the simulator's prediction on
+the same profile and link, and the fidelity checks of issue 21: compute-only replay within 3%
+of the profile, communication-only within 5% of the link model, the CPU busy fraction under
+50% (else the run says it measured the CPU, not a cluster), the simulator within 5% of every
+policy.  Byte settings of the target (Horovod's 128 MiB fusion, DDP's 25 MiB buckets,
+ByteScheduler's 4 MB partitions and 16 MB credit) are divided by ``S`` like the gradients.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import resource
+import sys
+import time
+import types
+from typing import Any, Callable
+
+from . import replay
+from .bench import collective_algorithm, init_gloo_process_group
+
+#: Target-cluster byte settings (Horovod 0.28, torch DDP, ByteScheduler's defaults).
+FUSION_BYTES = 128 << 20
+DDP_BUCKET_BYTES = 25 << 20
+PARTITION_BYTES = 4_000_000
+CREDIT_BYTES = 16_000_000
+#: Fidelity tolerances (issue 21).
+COMPUTE_TOLERANCE, COMMUNICATION_TOLERANCE, SIMULATOR_TOLERANCE, CPU_LIMIT = 0.03, 0.05, 0.05, 0.5
+POLICIES = "horovod,ddp,wfbp,bytescheduler,dcredit-sync,dcredit"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m dcredit_hvd.emulate", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--profile", required=True, help="a shipped profile (resnet50, vgg16, "
+                   "gpt2_small) or a JSON file written by profile_out / DCREDIT_PROFILE_OUT")
+    p.add_argument("--target-rate", required=True, help="NIC rate of the emulated cluster, "
+                   "e.g. 10gbit")
+    p.add_argument("--link-rate", default=os.environ.get("VCLUSTER_RATE"),
+                   help="rate of the shaped links (default $VCLUSTER_RATE)")
+    scale = p.add_mutually_exclusive_group(required=True)
+    scale.add_argument("--byte-scale", type=int, help="S: every gradient is 1/S of its size")
+    scale.add_argument("--time-factor", type=float, help="K: every compute time times K")
+    p.add_argument("--policy", default=POLICIES)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--slack", type=float, default=0.005,
+                   help="wall seconds of CPU delay the replay clock absorbs (replay.ReplayClock)")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    if not args.link_rate:
+        p.error("no --link-rate and no VCLUSTER_RATE: run under scripts/vcluster.sh")
+    args.policies = [x.strip() for x in args.policy.split(",") if x.strip()]
+    return args
+
+
+def cpu_ticks() -> tuple[int, int]:
+    """``(busy, total)`` jiffies of the whole machine, from /proc/stat."""
+    with open("/proc/stat") as fh:
+        fields = [int(v) for v in fh.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return sum(fields) - idle, sum(fields)
+
+
+class Runner:
+    """Timed runs of one step function with the CPU they took, gathered over the ranks."""
+
+    def __init__(self, hvd: Any, args: argparse.Namespace, dilation: replay.Dilation,
+                 clock: replay.ReplayClock) -> None:
+        self.hvd, self.args, self.dilation, self.clock = hvd, args, dilation, clock
+
+    def log(self, *parts: Any) -> None:
+        if self.hvd.rank() == 0:
+            print(*parts, flush=True)
+
+    def run(self, label: str, step: Callable[[], None]) -> dict[str, Any]:
+        for _ in range(self.args.warmup):
+            step()
+        self.hvd.allreduce(__import__("torch").zeros(1), name=f"emulate.sync.{label}")
+        late, restarts = self.clock.late, self.clock.restarts
+        ru0, ticks0, seconds = resource.getrusage(resource.RUSAGE_SELF), cpu_ticks(), []
+        for _ in range(self.args.iters):
+            began = time.perf_counter()
+            step()
+            seconds.append(time.perf_counter() - began)
+        ru1, ticks1 = resource.getrusage(resource.RUSAGE_SELF), cpu_ticks()
+        wall = sum(seconds)
+        mine = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
+        cores = sum(self.hvd.allgather_object(mine)) / wall
+        busy = (ticks1[0] - ticks0[0]) / max(1, ticks1[1] - ticks0[1])
+        lost = max(self.hvd.allgather_object(self.clock.late - late))
+        ms = [self.dilation.cluster(s) * 1e3 for s in seconds]
+        result = {"label": label, "ms": ms, "ms_mean": sum(ms) / len(ms),
+                  "job_cores": cores, "job_cpu_fraction": cores / (os.cpu_count() or 1),
+                  "machine_busy_fraction": busy, "loadavg": os.getloadavg()[0],
+                  "clock_restarts": self.clock.restarts - restarts,
+                  "clock_late_ms_per_iter": self.dilation.cluster(lost) * 1e3 / len(seconds)}
+        self.log(f"[{label}] {result['ms_mean']:.1f} ms per iteration in cluster time "
+                 f"({', '.join(f'{m:.0f}' for m in ms)}); CPU: job {cores:.2f} cores, machine "
+                 f"{100 * busy:.0f}% busy, load {result['loadavg']:.1f}; replay clock late "
+                 f"{result['clock_late_ms_per_iter']:.2f} ms/iter")
+        return result
+
+
+def make_step(policy: str, model: Any, hvd: Any, dilation: replay.Dilation,
+              x: Any) -> tuple[Callable[[], None], Any]:
+    """The training step of ``policy`` on the replay model, and its optimizer."""
+    import torch
+
+    import dcredit_hvd
+
+    clock = model.clock
+    opt: Any = torch.optim.SGD(model.parameters(), lr=0.01)   # no momentum: a cheap update
+    if policy == "ddp":
+        model = torch.nn.parallel.DistributedDataParallel(
+            model, bucket_cap_mb=dilation.scaled_bytes(DDP_BUCKET_BYTES) / 2**20)
+    elif policy == "horovod":
+        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    elif policy != "compute":
+        base = policy.removesuffix("-sync")
+        sizes = {} if base == "dcredit" else {
+            "partition_bytes": dilation.scaled_bytes(PARTITION_BYTES),
+            "credit_bytes": dilation.scaled_bytes(CREDIT_BYTES)}
+        opt = dcredit_hvd.DistributedOptimizer(
+            opt, named_parameters=model.named_parameters(),
+            model=None if policy.endswith("-sync") else model, policy=base, **sizes)
+
+    def step() -> None:
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()
+        clock.idle()            # step() may have waited for all-reduces: the device was idle
+
+    config = getattr(opt, "scheduler_config", None)
+    if config is not None and config.policy == "dcredit":
+        for _ in range(config.profile_warmup + config.profile_steps + 1):
+            step()              # dcredit profiles, then plans: before the timed iterations
+    return step, opt
+
+
+def communication_step(model: Any, hvd: Any) -> Callable[[], None]:
+    """Every gradient all-reduced back to back, as plain Horovod submits them."""
+    import torch
+
+    grads = [(n, torch.zeros_like(p)) for n, p in model.named_parameters()]
+
+    def step() -> None:
+        handles = [hvd.allreduce_async_(g, name=f"emulate.comm.{n}") for n, g in grads]
+        for h in handles:
+            hvd.synchronize(h)
+    return step
+
+
+def update_cost(model: Any, dilation: replay.Dilation) -> float:
+    """Cluster ms of one plain SGD update of the replay's parameters (real CPU work, not
+    replayed; reported beside the table)."""
+    import torch
+
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    began = time.perf_counter()
+    for _ in range(3):
+        opt.step()
+    return dilation.cluster((time.perf_counter() - began) / 3) * 1e3
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    dilation = replay.Dilation.for_cluster(args.target_rate, args.link_rate,
+                                           byte_scale=args.byte_scale, time_factor=args.time_factor)
+    profile, record = replay.load(replay.resolve(args.profile))
+    os.environ.update(dilation.environment())
+    os.environ.setdefault("HOROVOD_FUSION_THRESHOLD", str(dilation.scaled_bytes(FUSION_BYTES)))
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    torch.set_num_threads(1)
+    torch.set_flush_denormal(True)
+    dilation.check_memory(profile, hvd.size())
+    slack_ok = replay.tighten_timer_slack()
+    clock = replay.ReplayClock(args.slack)
+    runner = Runner(hvd, args, dilation, clock)
+    x = replay.replay_input()
+
+    def fresh() -> Any:
+        return replay.build_model(profile, dilation, clock=clock)
+
+    runner.log(f"Emulated cluster: {hvd.size()} hosts, target NICs {dilation.target_rate / 1e9:g} "
+               f"Gbit/s emulated on {args.link_rate}: K = {dilation.time_factor:g}, S = "
+               f"{dilation.byte_scale}; profile {args.profile} ({profile.num_tensors} tensors, "
+               f"{profile.total_bytes / 1e6:.1f} MB, compute {sum(profile.t_f + profile.t_b) * 1e3:.1f}"
+               f" ms); HOROVOD_CYCLE_TIME={os.environ['HOROVOD_CYCLE_TIME']} ms, fusion "
+               f"{os.environ['HOROVOD_FUSION_THRESHOLD']} B; timer slack 1 ns: {slack_ok}")
+    results: dict[str, Any] = {
+        "profile": args.profile, "source": record.get("source"), "hosts": hvd.size(),
+        "host_names": hvd.allgather_object(platform.node()), "target_rate": dilation.target_rate,
+        "link_rate": dilation.link_rate, "time_factor": dilation.time_factor,
+        "byte_scale": dilation.byte_scale, "allreduce": allreduce_name(),
+        "loadavg_start": os.getloadavg(), "policies": {}}
+    results["update_ms"] = update_cost(fresh(), dilation)
+    results["compute"] = runner.run("compute only", make_step("compute", fresh(), hvd,
+                                                             dilation, x)[0])
+    results["communication"] = runner.run("communication only", communication_step(fresh(), hvd))
+    if "ddp" in args.policies:
+        init_gloo_process_group(hvd)
+    kept: dict[str, Any] = {}
+    for policy in args.policies:
+        step, opt = make_step(policy, fresh(), hvd, dilation, x)
+        results["policies"][policy] = runner.run(policy, step)
+        if hasattr(opt, "apply_pending_updates"):
+            opt.apply_pending_updates()
+        kept[policy] = types.SimpleNamespace(scheduler_config=getattr(opt, "scheduler_config", None),
+                                             plan=getattr(opt, "plan", None),
+                                             measured=getattr(opt, "measured", None))
+        del step, opt
+        gc.collect()
+    results["loadavg_end"] = os.getloadavg()
+    from .emulate_report import analyse, print_report
+
+    analyse(results, profile, dilation, kept)
+    if hvd.rank() == 0:
+        print_report(results)
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump(results, fh, indent=1)
+            print(f"results written to {args.json}", flush=True)
+    return 0
+
+
+def allreduce_name() -> str:
+    """Which all-reduce carries Horovod's operations in this launch."""
+    if os.environ.get("HOROVOD_CPU_OPERATIONS", "").lower() == "gloo" or \
+            os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR"):
+        return "Gloo ring (horovodrun --gloo)"
+    return collective_algorithm()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

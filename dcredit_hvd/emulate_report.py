@@ -1,0 +1,155 @@
+"""The emulated benchmark's analysis: lower bound, simulator predictions and fidelity checks,
+all in the target cluster's time (``dcredit_hvd.emulate`` measures, this judges and prints)."""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from . import replay, simulator
+from .bench import link_need
+from .costmodel import CostModel
+from .profile import Profile
+
+BASELINE_ORDER = ("horovod", "ddp", "wfbp", "bytescheduler")
+
+
+def bounds(profile: Profile, hosts: int, dilation: replay.Dilation) -> dict[str, Any]:
+    """Compute, the links' need on the TARGET cluster, and the lower bound (with the tied
+    embedding's own dependency, ``simulator.dependencies``), in cluster ms."""
+    compute = profile.forward_time + profile.backward_time
+    need = link_need(profile.total_bytes, hosts, f"{dilation.target_rate}bit")
+    comm = need["seconds"] if need else 0.0
+    excess, tensor = 0.0, None
+    if need:
+        ends = simulator.dependencies(profile, CostModel(a=0.0, b=comm / profile.total_bytes))
+        if ends and max(ends) > compute * (1 + 1e-6):
+            excess, tensor = max(ends) - compute, profile.names[ends.index(max(ends))]
+    return {"compute_ms": compute * 1e3, "link_ms": comm * 1e3,
+            "bound_ms": max(compute, comm, compute + excess) * 1e3,
+            "dependency_excess_ms": excess * 1e3, "dependency_tensor": tensor}
+
+
+def predictions(profile: Profile, hosts: int, dilation: replay.Dilation,
+                kept: dict[str, Any], policies: list[str]) -> dict[str, Any]:
+    """Each policy simulated on the emulated profile and link (wall seconds, emulated bytes,
+    Horovod's dilated cycle), divided by K: cluster ms.  ``a`` is dcredit's live fit when it
+    ran (Horovod's per-operation cost on this CPU), else the simulator's default."""
+    from .policies.dcredit import DCredit
+
+    emulated = replay.emulated_profile(profile, dilation)
+    need = link_need(emulated.total_bytes, hosts, f"{dilation.link_rate}bit")
+    if need is None:
+        return {}
+    measured = next((k.measured for k in kept.values() if getattr(k, "measured", None)), None)
+    a = measured[1].a if measured else simulator.DEFAULT_OP_OVERHEAD_S
+    cost = CostModel(a=a, b=need["seconds"] / emulated.total_bytes)
+    cycle = float(os.environ.get("HOROVOD_CYCLE_TIME", "1")) / 1e3
+    fusion = int(os.environ.get("HOROVOD_FUSION_THRESHOLD", 128 << 20))
+    out: dict[str, Any] = {"a_wall_s": a, "cycle_wall_s": cycle}
+    for name in policies:
+        base, overlap = name.removesuffix("-sync"), not name.endswith("-sync")
+        if base == "ddp":
+            continue
+        kwargs: dict[str, Any] = {"overlap_forward": overlap and base != "horovod",
+                                  "fusion_bytes": fusion, "cycle_s": cycle}
+        policy: Any = base
+        config = getattr(kept.get(name), "scheduler_config", None)
+        if base in ("wfbp", "bytescheduler") and config is not None:
+            kwargs.update(partition_bytes=config.partition_bytes, credit_bytes=config.credit_bytes)
+        elif base == "dcredit":
+            made = getattr(kept.get(name), "plan", None)
+            if made is None:
+                continue
+            policy = DCredit(made, overlap_forward=overlap)
+        try:
+            seconds = simulator.simulate(emulated, cost, policy, **kwargs).iteration_s
+        except (ValueError, IndexError) as exc:
+            out[name] = {"error": f"{type(exc).__name__}: {exc}"}
+            continue
+        out[name] = {"ms": dilation.cluster(seconds) * 1e3}
+    return out
+
+
+def analyse(results: dict[str, Any], profile: Profile, dilation: replay.Dilation,
+            kept: dict[str, Any]) -> None:
+    """Adds ``bounds``, ``simulated`` and ``checks`` to ``results``."""
+    hosts = results["hosts"]
+    b = results["bounds"] = bounds(profile, hosts, dilation)
+    sim = results["simulated"] = predictions(profile, hosts, dilation, kept,
+                                             list(results["policies"]))
+    checks: dict[str, Any] = {}
+    compute = results["compute"]["ms_mean"]
+    checks["compute_replay"] = _check(compute, b["compute_ms"], 0.03,
+                                      "compute-only replay vs the profile's total")
+    if b["link_ms"]:
+        checks["communication"] = _check(results["communication"]["ms_mean"], b["link_ms"],
+                                         0.05, "communication-only vs the link model")
+    runs = [results["compute"], results["communication"], *results["policies"].values()]
+    busiest = max(r["machine_busy_fraction"] for r in runs)
+    job = max(r["job_cpu_fraction"] for r in runs)
+    checks["cpu"] = {"what": "CPU busy fraction (machine; the job's own share)",
+                     "machine_max": busiest, "job_max": job, "limit": 0.5,
+                     "ok": busiest < 0.5}
+    for name, run in results["policies"].items():
+        predicted = sim.get(name, {}).get("ms")
+        run["x_bound"] = run["ms_mean"] / b["bound_ms"]
+        if predicted is not None:
+            run["simulated_ms"] = predicted
+            checks[f"simulator:{name}"] = _check(predicted, run["ms_mean"], 0.05,
+                                                 f"simulator vs measured, {name}")
+    results["checks"] = checks
+
+
+def _check(value: float, reference: float, tolerance: float, what: str) -> dict[str, Any]:
+    error = (value - reference) / reference if reference else float("inf")
+    return {"what": what, "value_ms": value, "reference_ms": reference,
+            "error": error, "tolerance": tolerance, "ok": abs(error) <= tolerance}
+
+
+def speedups(results: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Per policy: each baseline's time over its time."""
+    runs = results["policies"]
+    out: dict[str, dict[str, float]] = {}
+    for name, run in runs.items():
+        out[name] = {base: runs[base]["ms_mean"] / run["ms_mean"]
+                     for base in BASELINE_ORDER if base in runs}
+    return out
+
+
+def print_report(results: dict[str, Any]) -> None:
+    """The table and the checks, rank 0."""
+    b = results["bounds"]
+    print(f"\nEmulated cluster: {results['hosts']} hosts, {results['target_rate'] / 1e9:g} Gbit/s "
+          f"NICs (emulated on {results['link_rate'] / 1e6:g} Mbit/s, K = "
+          f"{results['time_factor']:g}, S = {results['byte_scale']}); profile "
+          f"{results['profile']}; all-reduce {results['allreduce']}; load "
+          f"{results['loadavg_start'][0]:.1f} at the start, {results['loadavg_end'][0]:.1f} at "
+          f"the end, {os.cpu_count()} CPUs")
+    print(f"cluster time: compute {b['compute_ms']:.1f} ms, the links need {b['link_ms']:.1f} ms"
+          f", lower bound {b['bound_ms']:.1f} ms" + (
+              f" (compute + {b['dependency_excess_ms']:.1f} ms: {b['dependency_tensor']} "
+              "overlaps neither pass)" if b["dependency_excess_ms"] > 0.05 else "")
+          + f"; SGD update (real CPU, not replayed) {results['update_ms']:.2f} ms")
+    ups = speedups(results)
+    bases = [x for x in BASELINE_ORDER if x in results["policies"]]
+    head = "".join(f"{'vs ' + x:>16}" for x in bases)
+    print(f"\n{'policy':<15}{'ms/iter':>9}{'x bound':>9}{head}{'simulated':>11}{'error':>8}"
+          f"{'job CPU':>9}{'machine':>9}")
+    for name, run in results["policies"].items():
+        sim = run.get("simulated_ms")
+        cols = "".join(f"{ups[name][x]:>15.2f}x" for x in bases)
+        err = f"{100 * (sim - run['ms_mean']) / run['ms_mean']:+.1f}%" if sim else "-"
+        print(f"{name:<15}{run['ms_mean']:>9.1f}{run['x_bound']:>9.2f}{cols}"
+              f"{(f'{sim:.1f}' if sim else '-'):>11}{err:>8}"
+              f"{100 * run['job_cpu_fraction']:>8.0f}%{100 * run['machine_busy_fraction']:>8.0f}%")
+    print("\nfidelity checks:")
+    for key, c in results["checks"].items():
+        if key == "cpu":
+            verdict = "ok" if c["ok"] else ("FAILED: CPU-bound, this run measured the CPU, "
+                                            "not a cluster")
+            print(f"  {c['what']}: machine {100 * c['machine_max']:.0f}% at most, the job "
+                  f"{100 * c['job_max']:.0f}%, limit 50%: {verdict}")
+            continue
+        print(f"  {c['what']}: {c['value_ms']:.1f} vs {c['reference_ms']:.1f} ms "
+              f"({100 * c['error']:+.1f}%, tolerance {100 * c['tolerance']:.0f}%): "
+              f"{'ok' if c['ok'] else 'FAILED'}")

@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""The emulated GPU cluster grid: every policy on the shipped profiles, on 4, 8 and 16 virtual
+hosts, for target clusters of 10 and 25 Gbit/s; one launch per cell (``dcredit_hvd.emulate``).
+
+    scripts/bench_emulated.py --models vgg16 --hosts 8 --targets 10gbit      # one cell
+    scripts/bench_emulated.py --dilation-check --models resnet50 --hosts 4    # K and 2K
+    scripts/bench_emulated.py --report-only                                   # tables, plot
+
+Each cell runs under ``nice -n -10 scripts/vcluster.sh --mtu 9000 --no-slow-start-after-idle
+N LINK -- horovodrun --gloo`` (Gloo's all-reduce
+blocks in the kernel where Open MPI's spins, which on this 2-core machine takes the CPU the
+emulated hosts need; ``docs/benchmarks.md``).  The emulation link rate is ``--aggregate``
+divided by the host count (the CPU cost of moving bytes through the bridge grows with the
+aggregate), ``K * S = target / link``, and ``S`` is chosen so that ``K`` is about ``--k``.
+JSON per cell in ``--out``; ``--report-only`` writes ``grid.md`` and ``speedup.png`` there.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from dcredit_hvd import replay  # noqa: E402
+
+#: Jumbo frames (tbf counts headers: 99.3% payload at 9000 bytes, 95.7% at 1500) and TCP that
+#: keeps its window between a ring's steps, as a datacenter fabric; measured in
+#: docs/benchmarks.md ("Emulated GPU cluster", check 1).
+VCLUSTER_OPTIONS = ("--mtu", "9000", "--no-slow-start-after-idle")
+
+
+def link_rate(hosts: int, aggregate: float) -> str:
+    """The shaped NIC rate for ``hosts`` sharing ``aggregate`` bits/s, in whole Mbit/s."""
+    return f"{max(1, int(aggregate / hosts / 1e6))}mbit"
+
+
+def dilation_for(target: str, link: str, k: float) -> replay.Dilation:
+    """K near ``k``: S = round(ratio / k), then K = ratio / S exactly."""
+    return replay.Dilation.for_cluster(target, link, time_factor=k)
+
+
+def cell_name(model: str, hosts: int, target: str, k: float) -> str:
+    return f"{model}-{hosts}h-{target}-K{k:g}"
+
+
+def launch(model: str, hosts: int, target: str, args: argparse.Namespace, k: float) -> Path:
+    """One launch; returns its JSON path (written by rank 0)."""
+    link = link_rate(hosts, args.aggregate)
+    d = dilation_for(target, link, k)
+    out = Path(args.out) / f"{cell_name(model, hosts, target, k)}.json"
+    spec = ",".join(f"h{i}:1" for i in range(hosts))
+    fusion = str(d.scaled_bytes(128 << 20))
+    cmd = ["nice", "-n", str(args.nice), str(ROOT / "scripts" / "vcluster.sh"), *VCLUSTER_OPTIONS,
+           str(hosts), link, "--",
+           "timeout", "-k", "10", str(args.timeout), "horovodrun", "-np", str(hosts), "-H", spec,
+           "--gloo", sys.executable, "-m", "dcredit_hvd.emulate", "--profile", model,
+           "--target-rate", target, "--byte-scale", str(d.byte_scale), "--policy", args.policies,
+           "--warmup", str(args.warmup), "--iters", str(args.iters), "--json", str(out)]
+    env = dict(os.environ, HOROVOD_FUSION_THRESHOLD=fusion, DCREDIT_LOG_LEVEL="WARNING",
+               PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    print(f"== {out.stem}: {hosts} hosts at {link}, K={d.time_factor:g}, S={d.byte_scale}; "
+          f"load {os.getloadavg()[0]:.1f}", flush=True)
+    began = time.time()
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
+    log = Path(args.out) / f"{out.stem}.log"
+    log.write_text(proc.stdout + proc.stderr)
+    wanted = [line for line in (proc.stdout + proc.stderr).splitlines()
+              if "<stdout>:" in line and "[" in line and "Warning" not in line]
+    for line in wanted[-40:]:
+        print(line.split("<stdout>:", 1)[1], flush=True)
+    print(f"   status {proc.returncode} after {time.time() - began:.0f} s; log {log}", flush=True)
+    return out
+
+
+def load_cells(out: Path) -> list[dict]:
+    cells = []
+    for path in sorted(out.glob("*.json")):
+        with open(path) as fh:
+            record = json.load(fh)
+        record["cell"] = path.stem
+        cells.append(record)
+    return cells
+
+
+def grid_markdown(cells: list[dict]) -> str:
+    """One row per cell and policy: cluster ms, x bound, speed-up over each baseline, checks."""
+    from dcredit_hvd.emulate_report import BASELINE_ORDER, speedups
+
+    lines = ["| model | hosts | target | policy | ms / iter | x bound | " +
+             " | ".join(f"over {b}" for b in BASELINE_ORDER) + " | simulated (error) |",
+             "|---|---:|---|---|---:|---:|" + "---:|" * len(BASELINE_ORDER) + "---:|"]
+    for c in cells:
+        ups = speedups(c)
+        for name, run in c["policies"].items():
+            sim = run.get("simulated_ms")
+            err = f"{sim:.0f} ({100 * (sim - run['ms_mean']) / run['ms_mean']:+.0f}%)" if sim else "-"
+            overs = " | ".join(f"{ups[name][b]:.2f}x" if b in ups[name] else "-"
+                               for b in BASELINE_ORDER)
+            lines.append(f"| {c['profile']} | {c['hosts']} | {c['target_rate'] / 1e9:g} Gbit/s | "
+                         f"{name} | {run['ms_mean']:.0f} | {run['x_bound']:.2f} | {overs} | {err} |")
+    lines += ["", "| cell | K | S | compute (replay / profile) | communication (measured / links)"
+              " | CPU max (machine / job) | load | checks failed |", "|---|---:|---:|---|---|---|---|---|"]
+    for c in cells:
+        ch, b = c["checks"], c["bounds"]
+        failed = [k for k, v in ch.items() if not v["ok"]]
+        lines.append(f"| {c['cell']} | {c['time_factor']:g} | {c['byte_scale']} | "
+                     f"{c['compute']['ms_mean']:.1f} / {b['compute_ms']:.1f} | "
+                     f"{c['communication']['ms_mean']:.1f} / {b['link_ms']:.1f} | "
+                     f"{100 * ch['cpu']['machine_max']:.0f}% / {100 * ch['cpu']['job_max']:.0f}% | "
+                     f"{c['loadavg_start'][0]:.1f}-{c['loadavg_end'][0]:.1f} | "
+                     f"{', '.join(failed) or 'none'} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(cells: list[dict], path: Path) -> bool:
+    """dcredit's speed-up over each baseline against the host count, one panel per model."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    from dcredit_hvd.emulate_report import speedups
+
+    models = sorted({c["profile"] for c in cells})
+    fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 4), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        series: dict[str, list[tuple[int, float]]] = {}
+        for c in cells:
+            if c["profile"] != model or "dcredit" not in c["policies"]:
+                continue
+            for base, up in speedups(c)["dcredit"].items():
+                series.setdefault(f"over {base}, {c['target_rate'] / 1e9:g}G", []).append(
+                    (c["hosts"], up))
+        for label, points in sorted(series.items()):
+            points.sort()
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
+        ax.axhline(1.0, color="grey", lw=0.5)
+        ax.set_title(f"{model}: dcredit speed-up")
+        ax.set_xlabel("hosts")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return True
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default=",".join(replay.SHIPPED))
+    p.add_argument("--hosts", default="4,8,16")
+    p.add_argument("--targets", default="10gbit,25gbit")
+    p.add_argument("--aggregate", type=float, default=800e6,
+                   help="bits/s of all hosts' NICs together (default 800e6: 100mbit on 8 hosts)")
+    p.add_argument("--k", type=float, default=4.0, help="time dilation to aim at")
+    p.add_argument("--policies", default="horovod,ddp,wfbp,bytescheduler,dcredit-sync,dcredit")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--timeout", type=int, default=1500)
+    p.add_argument("--nice", type=int, default=-10,
+                   help="niceness of the emulated hosts (default -10: on a shared machine other "
+                   "work otherwise delays the hosts' wake-ups, which a real cluster's do not see)")
+    p.add_argument("--dilation-check", action="store_true",
+                   help="run each cell at K and at 2K (issue 21, check 3)")
+    p.add_argument("--out", default=str(ROOT / "results" / "emulated"))
+    p.add_argument("--report-only", action="store_true")
+    args = p.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if not args.report_only:
+        for model in args.models.split(","):
+            for hosts in (int(h) for h in args.hosts.split(",")):
+                for target in args.targets.split(","):
+                    for k in ((args.k, 2 * args.k) if args.dilation_check else (args.k,)):
+                        launch(model, hosts, target, args, k)
+    cells = load_cells(out)
+    (out / "grid.md").write_text(grid_markdown(cells))
+    print(f"wrote {out / 'grid.md'}" + (f" and {out / 'speedup.png'}"
+                                         if plot(cells, out / "speedup.png") else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
