@@ -11,6 +11,11 @@ from .costmodel import CostModel
 from .profile import Profile
 
 BASELINE_ORDER = ("horovod", "ddp", "wfbp", "bytescheduler")
+#: Issue 21's limit on the CPU the emulated hosts may take (beyond it they are CPU-bound), and
+#: its tolerances: compute-only replay vs the profile, communication-only vs the link model,
+#: the simulator vs each policy.
+CPU_LIMIT = 0.5
+COMPUTE_TOLERANCE, COMMUNICATION_TOLERANCE, SIMULATOR_TOLERANCE = 0.03, 0.05, 0.05
 
 
 def bounds(profile: Profile, hosts: int, dilation: replay.Dilation) -> dict[str, Any]:
@@ -30,20 +35,20 @@ def bounds(profile: Profile, hosts: int, dilation: replay.Dilation) -> dict[str,
 
 
 def predictions(profile: Profile, hosts: int, dilation: replay.Dilation,
-                kept: dict[str, Any], policies: list[str]) -> dict[str, Any]:
+                kept: dict[str, Any], policies: list[str], startup_s: float) -> dict[str, Any]:
     """Each policy simulated on the emulated profile and link (wall seconds, emulated bytes,
-    Horovod's dilated cycle), divided by K: cluster ms.  ``a`` is dcredit's live fit when it
-    ran (Horovod's per-operation cost on this CPU), else the simulator's default."""
+    Horovod's dilated cycle), divided by K: cluster ms.  ``a`` is the measured one-element
+    all-reduce less half a cycle (the simulator waits for the next cycle itself), at least the
+    simulator's default per-operation cost."""
     from .policies.dcredit import DCredit
 
     emulated = replay.emulated_profile(profile, dilation)
     need = link_need(emulated.total_bytes, hosts, f"{dilation.link_rate}bit")
     if need is None:
         return {}
-    measured = next((k.measured for k in kept.values() if getattr(k, "measured", None)), None)
-    a = measured[1].a if measured else simulator.DEFAULT_OP_OVERHEAD_S
-    cost = CostModel(a=a, b=need["seconds"] / emulated.total_bytes)
     cycle = float(os.environ.get("HOROVOD_CYCLE_TIME", "1")) / 1e3
+    a = max(simulator.DEFAULT_OP_OVERHEAD_S, startup_s - cycle / 2)
+    cost = CostModel(a=a, b=need["seconds"] / emulated.total_bytes)
     fusion = int(os.environ.get("HOROVOD_FUSION_THRESHOLD", 128 << 20))
     out: dict[str, Any] = {"a_wall_s": a, "cycle_wall_s": cycle}
     for name in policies:
@@ -76,26 +81,29 @@ def analyse(results: dict[str, Any], profile: Profile, dilation: replay.Dilation
     hosts = results["hosts"]
     b = results["bounds"] = bounds(profile, hosts, dilation)
     sim = results["simulated"] = predictions(profile, hosts, dilation, kept,
-                                             list(results["policies"]))
+                                             list(results["policies"]),
+                                             results.get("startup_wall_s", 0.0))
     checks: dict[str, Any] = {}
     compute = results["compute"]["ms_mean"]
-    checks["compute_replay"] = _check(compute, b["compute_ms"], 0.03,
+    checks["compute_replay"] = _check(compute, b["compute_ms"], COMPUTE_TOLERANCE,
                                       "compute-only replay vs the profile's total")
     if b["link_ms"]:
         checks["communication"] = _check(results["communication"]["ms_mean"], b["link_ms"],
-                                         0.05, "communication-only vs the link model")
+                                         COMMUNICATION_TOLERANCE,
+                                         "communication-only vs the link model")
     runs = [results["compute"], results["communication"], *results["policies"].values()]
     busiest = max(r["machine_busy_fraction"] for r in runs)
     job = max(r["job_cpu_fraction"] for r in runs)
-    checks["cpu"] = {"what": "CPU busy fraction (machine; the job's own share)",
-                     "machine_max": busiest, "job_max": job, "limit": 0.5,
-                     "ok": busiest < 0.5}
+    checks["cpu"] = {"what": "CPU busy fraction of the job (its ranks' CPU over all cores; "
+                     "the machine's, other work included, beside it)",
+                     "machine_max": busiest, "job_max": job, "limit": CPU_LIMIT,
+                     "ok": job < CPU_LIMIT}
     for name, run in results["policies"].items():
         predicted = sim.get(name, {}).get("ms")
         run["x_bound"] = run["ms_mean"] / b["bound_ms"]
         if predicted is not None:
             run["simulated_ms"] = predicted
-            checks[f"simulator:{name}"] = _check(predicted, run["ms_mean"], 0.05,
+            checks[f"simulator:{name}"] = _check(predicted, run["ms_mean"], SIMULATOR_TOLERANCE,
                                                  f"simulator vs measured, {name}")
     results["checks"] = checks
 
@@ -147,8 +155,10 @@ def print_report(results: dict[str, Any]) -> None:
         if key == "cpu":
             verdict = "ok" if c["ok"] else ("FAILED: CPU-bound, this run measured the CPU, "
                                             "not a cluster")
-            print(f"  {c['what']}: machine {100 * c['machine_max']:.0f}% at most, the job "
-                  f"{100 * c['job_max']:.0f}%, limit 50%: {verdict}")
+            print(f"  {c['what']}: the job {100 * c['job_max']:.0f}% at most, limit 50%: "
+                  f"{verdict}; the machine {100 * c['machine_max']:.0f}% at most" + (
+                      " (shared: other work delays the hosts' wake-ups; figures disturbed)"
+                      if c["machine_max"] > 0.9 else ""))
             continue
         print(f"  {c['what']}: {c['value_ms']:.1f} vs {c['reference_ms']:.1f} ms "
               f"({100 * c['error']:+.1f}%, tolerance {100 * c['tolerance']:.0f}%): "

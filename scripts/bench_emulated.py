@@ -68,13 +68,13 @@ def launch(model: str, hosts: int, target: str, args: argparse.Namespace, k: flo
     print(f"== {out.stem}: {hosts} hosts at {link}, K={d.time_factor:g}, S={d.byte_scale}; "
           f"load {os.getloadavg()[0]:.1f}", flush=True)
     began = time.time()
-    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
     log = Path(args.out) / f"{out.stem}.log"
-    log.write_text(proc.stdout + proc.stderr)
-    wanted = [line for line in (proc.stdout + proc.stderr).splitlines()
-              if "<stdout>:" in line and "[" in line and "Warning" not in line]
+    with open(log, "w") as fh:          # written as the launch goes: `tail -f` follows it
+        proc = subprocess.run(cmd, env=env, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT)
+    wanted = [line.split("<stdout>:", 1)[1] for line in log.read_text().splitlines()
+              if "[0]<stdout>:" in line and "Warning" not in line]
     for line in wanted[-40:]:
-        print(line.split("<stdout>:", 1)[1], flush=True)
+        print(line, flush=True)
     print(f"   status {proc.returncode} after {time.time() - began:.0f} s; log {log}", flush=True)
     return out
 

@@ -9,7 +9,9 @@
 # is the fastest measured, 1.08x what the link needs; docs/benchmarks.md). Subnormals are
 # flushed (dcredit_hvd.bench). Needs root (network namespaces); without it vcluster.sh says so
 # and exits 3. Override with DEMO_RATE (e.g. 200mbit, 10gbit), DEMO_POLICIES, DEMO_ITERS,
-# DEMO_MODELS (vgg16,gpt).
+# DEMO_MODELS (vgg16,gpt). Then one emulated GPU cluster (dcredit_hvd.emulate; DEMO_EMULATED=0
+# skips it): 8 hosts with 10 Gbit/s NICs, VGG-16's shipped profile (communication about equal to
+# compute there), compute replayed, all-reduces real, figures in the cluster's time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-$PWD/.venv}
@@ -41,3 +43,8 @@ for model in $(echo "${DEMO_MODELS:-vgg16,gpt}" | tr ',' ' '); do
         *) echo "demo.sh: DEMO_MODELS: unknown model $model (vgg16, gpt)" >&2; exit 2 ;;
     esac
 done
+if [ "${DEMO_EMULATED:-1}" != 0 ]; then
+    "$VENV/bin/python" scripts/bench_emulated.py --models vgg16 --hosts 8 --targets 10gbit \
+        --k "${DEMO_EMULATED_K:-4}" --warmup 1 --iters "${DEMO_EMULATED_ITERS:-4}" \
+        --out results/demo-emulated
+fi

@@ -239,3 +239,59 @@ def test_profile_out_replays_as_written(tmp_path) -> None:
     model = replay.build_model(loaded, d)
     assert [n.split(".")[-1] for n, _ in model.named_parameters()] == \
         [n.replace(".", "_") for n in profile.names]
+
+
+# ------------------------------------------------------------------ the emulated report
+
+def fake_results(profile: Profile, d: Dilation, hosts: int, times: dict) -> dict:
+    def run(ms: float, busy: float = 0.2) -> dict:
+        return {"ms_mean": ms, "ms": [ms], "machine_busy_fraction": busy,
+                "job_cpu_fraction": busy / 2}
+    return {"hosts": hosts, "compute": run(times.pop("compute")),
+            "communication": run(times.pop("communication")),
+            "policies": {name: run(ms) for name, ms in times.items()}}
+
+
+def test_report_bounds_checks_and_speedups() -> None:
+    from dcredit_hvd import emulate_report
+
+    profile, _ = replay.load(replay.shipped("vgg16"))
+    d = Dilation.for_cluster("10gbit", "100mbit", byte_scale=25)
+    b = emulate_report.bounds(profile, 8, d)
+    assert b["compute_ms"] == pytest.approx(771.08, abs=0.01)
+    # ring on 8 hosts: 2 * 7/8 * bytes over 1.25 GB/s
+    assert b["link_ms"] == pytest.approx(1.75 * profile.total_bytes / 1.25e9 * 1e3)
+    results = fake_results(profile, d, 8, {"compute": 780.0, "communication": b["link_ms"] * 1.1,
+                                           "horovod": 1200.0, "bytescheduler": 1000.0,
+                                           "dcredit": 800.0})
+    emulate_report.analyse(results, profile, d, kept={})
+    checks = results["checks"]
+    assert checks["compute_replay"]["ok"] and not checks["communication"]["ok"]
+    assert checks["cpu"]["ok"]
+    assert "simulator:horovod" in checks and "simulator:dcredit" not in checks   # no plan kept
+    ups = emulate_report.speedups(results)
+    assert ups["dcredit"]["horovod"] == pytest.approx(1.5)
+    assert ups["dcredit"]["bytescheduler"] == pytest.approx(1.25)
+    assert results["policies"]["dcredit"]["x_bound"] == pytest.approx(800 / b["bound_ms"])
+
+
+def test_gpt2_bound_counts_the_tied_embedding() -> None:
+    from dcredit_hvd import emulate_report
+
+    profile, _ = replay.load(replay.shipped("gpt2_small"))
+    d = Dilation.for_cluster("25gbit", "100mbit", byte_scale=50)
+    b = emulate_report.bounds(profile, 16, d)
+    assert b["dependency_tensor"] == "wte.weight" and b["dependency_excess_ms"] > 0
+    assert b["bound_ms"] >= max(b["compute_ms"], b["link_ms"])
+
+
+def test_emulate_refuses_bad_factors_before_any_launch() -> None:
+    from dcredit_hvd import emulate
+
+    with pytest.raises(SystemExit):
+        emulate.parse_args(["--profile", "vgg16", "--target-rate", "10gbit"])   # no S or K
+    args = emulate.parse_args(["--profile", "vgg16", "--target-rate", "10gbit",
+                               "--link-rate", "100mbit", "--byte-scale", "0"])
+    with pytest.raises(ReplayError, match="byte scale S=0"):
+        emulate.main(["--profile", "vgg16", "--target-rate", "10gbit", "--link-rate",
+                      "100mbit", "--byte-scale", str(args.byte_scale)])

@@ -68,7 +68,8 @@ def test_bad_input_is_refused_with_the_fix() -> None:
     for args, message in ((["0", RATE, "--", "true"], "N must be a host count"),
                           (["2", "fast", "--", "true"], "RATE must be a tc bit rate"),
                           (["2", RATE, "true"], "expected -- after N and RATE"),
-                          (["2", RATE, "--"], "no COMMAND given")):
+                          (["2", RATE, "--"], "no COMMAND given"),
+                          (["--mtu", "100", "2", RATE, "--", "true"], "--mtu must be a byte count")):
         result = vcluster(*args)
         assert result.returncode == 2, (args, result.stderr)
         assert message in result.stderr, (args, result.stderr)
@@ -106,6 +107,18 @@ def test_duplex_rate_namespaces_and_shaped_nics() -> None:
         assert NBYTES <= p["tbf_bytes"] <= 1.2 * NBYTES, p
         assert p["lo_bytes"] < 0.01 * NBYTES, p
         assert p["tbf_drops"] == 0, p
+
+
+@ROOT_ONLY
+def test_mtu_and_tcp_options_reach_every_host() -> None:
+    """--mtu and --no-slow-start-after-idle (the emulated cluster's settings) on every NIC."""
+    script = ("for h in h0 h1; do ssh $h 'cat /sys/class/net/eth0/mtu "
+              "/proc/sys/net/ipv4/tcp_slow_start_after_idle; echo $VCLUSTER_MTU'; done")
+    result = vcluster("--mtu", "9000", "--no-slow-start-after-idle", "2", RATE, "--", "bash",
+                      "-c", script)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.split() == ["9000", "0", "9000"] * 2, result.stdout
+    assert "MTU 9000" in result.stderr and "no slow start after idle" in result.stderr
 
 
 @ROOT_ONLY
