@@ -10,6 +10,7 @@ to Horovod by a policy (``scheduler``, ``policies``) instead of being submitted 
 from __future__ import annotations
 
 import atexit
+import gc
 import logging
 import os
 import sys
@@ -23,7 +24,7 @@ from typing import Any, Optional
 import horovod.torch as hvd
 import torch
 
-from . import comm, planning, timeline
+from . import agreement, comm, instances, planning, timeline
 from .amplifier import RaceAmplifier
 from .blocks import TensorLayout, build_layout
 from .config import SchedulerConfig
@@ -34,6 +35,7 @@ from .profiler import StepProfiler, measure_cost_model
 from .readguard import ReadGuard
 from .scheduler import BlockScheduler, Item, SchedulerError
 from .updates import ParameterUpdater
+from .weak import weakly
 
 log = logging.getLogger("dcredit_hvd")
 
@@ -44,6 +46,22 @@ _TOO_MANY_PASSES = (
 _ZERO_GRAD_RACE = (
     "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
     "optimizer.synchronize(). This is prohibited as it can cause a race condition."
+)
+_CLOSED = (
+    "this DistributedOptimizer was closed{why}: its hooks are removed and it schedules nothing "
+    "any more. Build a new dcredit_hvd.DistributedOptimizer over the parameters (its state can "
+    "come from this one's state_dict()), or keep using this one and do not close it."
+)
+_DETACHED = (
+    "dcredit_hvd: a new DistributedOptimizer was built over {count} parameter(s) that an older "
+    "one still hooks ({names}); the older one is closed now (its owed updates were applied and "
+    "its hooks removed), so no gradient is counted twice, and using it again raises an error. "
+    "Call close() on an optimizer before building its replacement to silence this warning."
+)
+_CLOSE_MID_ITERATION = (
+    "dcredit_hvd: the optimizer was closed (or a new one built over its parameters) after "
+    "loss.backward() and before step() or synchronize(): that backward's gradients are being "
+    "all-reduced with the other ranks. Call step() (or synchronize()) first, then close it."
 )
 _DOUBLE_SYNC = (
     "optimizer.step() called without optimizer.skip_synchronize() context after "
@@ -85,21 +103,6 @@ def _setup_logging() -> None:
         log.propagate = False
 
 
-def _first_difference(ref: dict, other: dict, other_rank: int) -> str:
-    for key in ref:
-        if ref[key] == other[key]:
-            continue
-        if key != "parameters":
-            return f"{key} is {ref[key]!r} on rank 0 but {other[key]!r} on rank {other_rank}"
-        for i, (a, b) in enumerate(zip(ref[key], other[key])):
-            if a != b:
-                return (f"trainable parameter #{i} is {a} (name, shape, dtype) on rank 0 but {b} "
-                        f"on rank {other_rank}")
-        return (f"rank 0 has {len(ref[key])} trainable parameters but rank {other_rank} has "
-                f"{len(other[key])}")
-    return f"rank {other_rank} differs from rank 0"
-
-
 def _apply_at_exit(ref) -> None:
     """A script that ends right after its last step() still ends with every update applied."""
     opt = ref()
@@ -108,6 +111,44 @@ def _apply_at_exit(ref) -> None:
             opt.apply_pending_updates()
         except Exception as exc:  # the interpreter is exiting: report, do not mask the exit
             log.error("dcredit_hvd: the last step's updates could not be applied at exit: %s", exc)
+
+
+def _amplified(amplify: RaceAmplifier, call):
+    """``call`` behind a race-amplifier sleep (completion thread: polls and collects)."""
+    def amplified(*args, **kwargs):
+        amplify()
+        return call(*args, **kwargs)
+    return amplified
+
+
+def _collected(hooks: _Hooks) -> None:
+    """Finalizer of a collected optimizer (nothing was in flight: in-flight blocks and owed
+    updates keep it alive): its hooks go; its idle completion thread ends by itself.  Nothing
+    here takes a lock: a finalizer may run in any thread, inside any critical section."""
+    hooks.remove()
+
+
+def _compiled(model: torch.nn.Module) -> bool:
+    """Whether ``model`` runs code compiled by ``torch.compile``: it is (or holds) the module
+    ``torch.compile(m)`` returns, or a module compiled in place (``m.compile()``).  Read from
+    the attributes those set (``_orig_mod``, ``_compiled_call_impl``): torch has no public test."""
+    return any(hasattr(m, "_orig_mod") or getattr(m, "_compiled_call_impl", None) is not None
+               for m in model.modules())
+
+
+class _Hooks:
+    """Every hook handle an optimizer registered; ``remove`` takes them all off (``close()``,
+    or the finalizer of a collected optimizer: it must not reference the optimizer itself)."""
+
+    def __init__(self) -> None:
+        self.handles: list = []          # parameter and model hooks, for the optimizer's life
+        self.layers: list = []           # per-layer forward hooks, only while they are read
+
+    def remove(self) -> None:
+        for handle in self.handles + self.layers:
+            handle.remove()
+        self.handles.clear()
+        self.layers.clear()
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -135,10 +176,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._queued: set = set()       # blocks handed to the scheduler this iteration
         self._synchronized = False
         self._should_synchronize = True
-        self._hook_handles: list = []
+        self._hooks = _Hooks()
+        self._closed: Optional[str] = None   # why it was closed (close(), or a newer optimizer)
         self._forward_order_applied = False
         self._step_in_flight = False       # an overlapped step() whose updates may be owed
         self._layer_started: dict = {}     # module -> forward start (timeline)
+        self._compiled: Optional[bool] = None   # model= holds torch.compile'd code (first forward)
         self._cuda: Optional[CudaTransfer] = None   # CUDA gradients only (device.py)
         self._cuda_stream = None           # the stream that produced the last CUDA gradients
         self._fallback_logged = False
@@ -150,6 +193,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._enabled = process_set.included() and (comm.size() > 1 or self._elastic)
         if not self._enabled:
             return
+        self._take_over(self._requires_update)
+        # Every collective this optimizer issues is named under its own prefix (instances.py).
+        self._initial = self._initial_order()
+        self._prefix = instances.prefix_for(
+            getattr(process_set, "process_set_id", None),
+            [(self._parameter_names[p], tuple(p.shape)) for p in self._initial])
         self._membership = self._current_membership()
         self._membership_lost = False       # a failed collective: elastic will re-initialise
         # With the model known, step() returns at once and each parameter is updated when its
@@ -160,7 +209,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # Every read of a parameter whose update is owed waits for it (readguard.py); the same
         # guard observes the order in which the first forward reads the parameters.
         self._guard = ReadGuard(self._wait_for_reads) if self._overlap else None
-        self._order = self._initial_order()
+        self._order = list(self._initial)
         # dcredit re-plans when the job drifts from what its plan was made for (drift.py);
         # elastic jobs get a new profile and plan at every membership change instead.
         self._drift = (DriftDetector(config.drift_settings())
@@ -179,12 +228,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 log.info("elastic job: the cross-rank agreement check is skipped; elastic's "
                          "sync() broadcasts rank 0's state to every new worker instead")
         else:
-            self._check_agreement(backward_passes_per_step)
+            self._check_agreement(backward_passes_per_step, model is not None)
+            self._check_layouts("at construction")
         poll, collect = comm.poll, comm.collect
         if self._amplify:
-            poll, collect = self._amplified(poll), self._amplified(collect)
+            poll, collect = _amplified(self._amplify, poll), _amplified(self._amplify, collect)
         self._scheduler = BlockScheduler(
-            gate_policy, submit=self._submit_item, poll=poll, collect=collect,
+            gate_policy, submit=weakly(self._submit_item), poll=poll, collect=collect,
             poll_seconds=config.poll_seconds, stall_seconds=config.stall_seconds,
             stall_abort_seconds=config.stall_abort_seconds,
             timeline=timeline.from_env(comm.rank()),
@@ -198,6 +248,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._updater = ParameterUpdater(self, self._dcredit_base, self._scheduler.check,
                                          guard=self._guard, jitter=self._amplify)
         self._register_hooks(model)
+        instances.register(self, self._prefix, self._requires_update)
+        weakref.finalize(self, _collected, self._hooks)
         if self._overlap:
             atexit.register(_apply_at_exit, weakref.ref(self))
         if comm.rank() == 0:
@@ -238,14 +290,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 unique.append((name, p))
         return unique
 
-    def _check_agreement(self, backward_passes_per_step: int) -> None:
+    def _check_agreement(self, backward_passes_per_step: int, overlap: bool) -> None:
         """Every rank must send the same blocks under the same names, or Horovod waits for ever
         for names some rank never submits.  One all-gather of each rank's description at
         construction turns that hang into an error, on every rank, naming the first difference.
+        (Its collective's name is not under the prefix: the prefix is one of the things checked.)
         """
         mine = {
             "parameters": [(self._parameter_names[p], tuple(p.shape), str(p.dtype))
                            for p in self._order],
+            "model": overlap,
             "policy": self._config.policy,
             "partition_bytes": self._config.partition_bytes,
             "group_bytes": self._config.group_bytes,
@@ -253,16 +307,39 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             "backward_passes_per_step": backward_passes_per_step,
             "op": str(self._op),
             "compression": getattr(self._compression, "__name__", type(self._compression).__name__),
+            # Last: it differs whenever the parameters do; alone, ranks built different numbers
+            # of optimizers over these parameters before (instances.py).
+            "prefix": self._prefix,
         }
-        everyone = comm.allgather_object(mine, process_set=self._process_set,
-                                         name="dcredit.agreement")
-        for other_rank, theirs in enumerate(everyone):
-            if theirs != everyone[0]:
-                raise ValueError(
-                    "dcredit_hvd: ranks disagree on what to all-reduce: "
-                    f"{_first_difference(everyone[0], theirs, other_rank)}. Every rank must build "
-                    "the same model (same parameters, shapes, dtypes and requires_grad) and pass "
-                    "the same DistributedOptimizer arguments and DCREDIT_* variables.")
+        agreement.check_construction(mine, self._allgather, "dcredit.agreement")
+
+    def _allgather(self, obj: Any, name: str) -> list:
+        return comm.allgather_object(obj, process_set=self._process_set, name=name)
+
+    def _broadcast(self, obj: Any, name: str) -> Any:
+        return comm.broadcast_object(obj, root_rank=0, process_set=self._process_set, name=name)
+
+    def _check_layouts(self, when: str) -> None:
+        """Before blocks of a new layout go out, every rank's layout must be rank 0's
+        (``agreement.check_layouts``: unit names, members, shapes, dtypes, order, blocks)."""
+        members = [[(self._parameter_names[p], tuple(p.shape), str(p.dtype)) for p in params]
+                   for params in self._members]
+        agreement.check_layouts(agreement.describe_layouts(self._layouts, members),
+                                self._allgather, f"{self._prefix}.layout", when)
+
+    def _take_over(self, params: list) -> None:
+        """Close every live optimizer that still hooks any of ``params`` (``instances.py``):
+        after a collection, the survivors are really in use elsewhere, so say so."""
+        older = instances.holders(params)
+        if older:
+            gc.collect()                 # a dropped optimizer may only wait for the collector
+            older = instances.holders(params)
+        for opt in older:
+            shared = [p for p in params if p in set(opt._requires_update)]
+            names = [self._parameter_names[p] for p in shared]
+            warnings.warn(_DETACHED.format(count=len(shared), names=", ".join(names[:3])
+                                           + (", ..." if len(names) > 3 else "")), stacklevel=4)
+            opt._close("when a newer DistributedOptimizer was built over its parameters")
 
     def _initial_order(self) -> list:
         """Tensor order before forward was observed: the order parameters were named in."""
@@ -304,7 +381,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         layouts = build_layout([self._parameter_names[p] for p in self._order],
                                [p.numel() for p in self._order],
                                [self._element_size(p) for p in self._order],
-                               partition_bytes, groups=groups)
+                               partition_bytes, prefix=self._prefix, groups=groups)
         self._index, self._offset, self._members = {}, {}, []
         for layout in layouts:
             params = [self._order[i] for i in layout.members]
@@ -324,60 +401,72 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return "" if p.device.type != "cpu" else f"{p.dtype}"
 
     def _register_hooks(self, model: Optional[torch.nn.Module]) -> None:
+        """Hooks hold the optimizer weakly (``weak.py``): a model outlives its optimizers."""
         for p in self._requires_update:
-            self._hook_handles.append(p.register_post_accumulate_grad_hook(self._make_hook(p)))
+            self._hooks.handles.append(
+                p.register_post_accumulate_grad_hook(weakly(self._grad_ready)))
         if model is None:
             return
         owned = set(self._requires_update)
         self._module_names = {m: n or type(m).__name__ for n, m in model.named_modules()}
         self._guard.observe(self._requires_update)
-        self._hook_handles.append(model.register_forward_pre_hook(self._model_forward_start))
-        self._layer_modules = [(module, params) for module in model.modules()
-                               if (params := [p for p in module.parameters(recurse=False)
-                                              if p in owned])]
-        self._layer_hooks: list = []
-        self._time_layers(self._profiler is not None or self._timeline is not None)
-        self._hook_handles += [
-            model.register_forward_hook(self._model_forward_end, always_call=True),
+        self._layer_params = {module: params for module in model.modules()
+                              if (params := [p for p in module.parameters(recurse=False)
+                                             if p in owned])}
+        self._hooks.handles += [
+            model.register_forward_pre_hook(weakly(self._model_forward_start)),
+            model.register_forward_hook(weakly(self._model_forward_end), always_call=True),
             # Readers of parameters between iterations see every update applied.
-            model.register_state_dict_pre_hook(lambda *args: self.apply_pending_updates()),
-            model.register_load_state_dict_pre_hook(lambda *args: self._settle_for_load()),
+            model.register_state_dict_pre_hook(weakly(self._before_state_dict)),
+            model.register_load_state_dict_pre_hook(weakly(self._before_load)),
         ]
+        self._time_layers(self._profiler is not None or self._timeline is not None)
+
+    def _before_state_dict(self, *args) -> None:
+        self.apply_pending_updates()
+
+    def _before_load(self, *args) -> None:
+        self._settle_for_load()
 
     def _time_layers(self, on: bool) -> None:
         """Per-layer forward hooks exist only while something reads them (the profiler, the
         timeline): two Python hooks per layer cost every forward a few microseconds per layer."""
+        layers = self._hooks.layers
         if not on:
-            for handle in self._layer_hooks:
+            for handle in layers:
                 handle.remove()
-            self._layer_hooks = []
-        elif not self._layer_hooks:
-            for module, params in self._layer_modules:
-                self._layer_hooks.append(
-                    module.register_forward_pre_hook(self._make_layer_start_hook()))
-                self._layer_hooks.append(
-                    module.register_forward_hook(self._make_layer_end_hook(params)))
+            layers.clear()
+        elif not layers:
+            start, end = weakly(self._layer_start), weakly(self._layer_end)
+            for module in self._layer_params:
+                layers.append(module.register_forward_pre_hook(start))
+                layers.append(module.register_forward_hook(end))
 
-    def _make_layer_start_hook(self):
+    def _layer_start(self, module, inputs) -> None:
         # No wait here: the read guard makes each read of a parameter wait for its update.
-        def hook(module, inputs):
-            if self._profiler is not None:
-                self._profiler.layer_start(module)
-            if self._timeline is not None:
-                self._layer_started[module] = time.perf_counter()
-        return hook
+        if self._profiler is not None:
+            self._profiler.layer_start(module)
+        if self._timeline is not None:
+            self._layer_started[module] = time.perf_counter()
 
-    def _make_layer_end_hook(self, params):
-        def hook(module, inputs, output):
-            if self._profiler is not None:
-                self._profiler.layer_end(module, params)
-            if self._timeline is not None and module in self._layer_started:
-                self._timeline.layer("forward", self._module_names[module],
-                                     self._layer_started.pop(module), time.perf_counter())
-        return hook
+    def _layer_end(self, module, inputs, output) -> None:
+        if self._profiler is not None:
+            self._profiler.layer_end(module, self._layer_params[module])
+        if self._timeline is not None and module in self._layer_started:
+            self._timeline.layer("forward", self._module_names[module],
+                                 self._layer_started.pop(module), time.perf_counter())
 
     def _model_forward_start(self, module, inputs):
         self._scheduler.check()             # a completion-thread error surfaces in forward
+        if self._compiled is None:
+            self._compiled = _compiled(module)
+        if self._compiled:
+            # Code compiled by torch.compile reads parameters where the read guard cannot
+            # wait (dynamo traces the guard once, then its graph never waits): no parameter
+            # may be held or observed when it runs.  The first forward's order is not observed
+            # (construction order stays), and each forward starts once every update is applied.
+            self._guard.stop_observing()
+            self._wait_for_reads(self._requires_update)
         self._guard.forward_started()
 
     def _model_forward_end(self, module, inputs, output):
@@ -388,23 +477,26 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._last_ready = time.perf_counter()
 
     def _apply_forward_order(self) -> None:
-        """Re-index tensors in the order forward first read them (spec §2), once, between
-        iterations; parameters forward never read keep their relative order, after the others.
-        Names do not depend on the index, so ranks stay consistent.  Tensors are compared by
-        identity, never by value."""
+        """Re-index tensors in the order rank 0's first forward read them (spec §2), once,
+        between iterations, on every rank at the same step; parameters that forward never read
+        keep their relative order, after the others.  The order is rank 0's, broadcast: each
+        rank's own forward may read other parameters (LayerDrop, MoE routing, a branch taken by
+        one rank), and units cut from different orders would not match on the wire
+        (``agreement.py``).  Tensors are compared by identity, never by value."""
         if self._forward_order_applied or self._guard is None:
             return
-        first_reads = self._guard.stop_observing()
-        if not first_reads:
-            return
         self._forward_order_applied = True
-        seen = {id(p) for p in first_reads}
-        order = first_reads + [p for p in self._order if id(p) not in seen]
+        position = {id(p): i for i, p in enumerate(self._initial)}
+        first_reads = [position[id(p)] for p in self._guard.stop_observing() if id(p) in position]
+        chosen = agreement.agree_order(first_reads, len(self._initial), self._is_gate,
+                                       self._broadcast, f"{self._prefix}.order")
+        order = [self._initial[i] for i in chosen]
         if [id(p) for p in order] != [id(p) for p in self._order]:
             self._order = order
             self._layouts = self._build_layouts(self._layouts_partition(),
                                                 self._plan.groups if self._plan else ())
             self._scheduler.policy.bind(self._layouts)
+        self._check_layouts("after the forward order was agreed")
 
     def _layouts_partition(self) -> Optional[int]:
         if self._plan is not None:
@@ -423,7 +515,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # Time the path the blocks take: CUDA tensors when Horovod reduces them itself.
         device = (self._order[0].device if self._cuda is not None and self._cuda.direct
                   else torch.device("cpu"))
-        cost, samples = measure_cost_model(total, self._process_set, device=device)
+        cost, samples = measure_cost_model(total, self._process_set, device=device,
+                                           prefix=f"{self._prefix}.costmodel")
         payload = None
         if self._is_gate:
             sizes = [self._element_size(p) for p in self._order]
@@ -431,9 +524,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                        [p.numel() * e for p, e in zip(self._order, sizes)],
                                        sizes, [self._kind(p) for p in self._order])
             payload = planning.decide(profile, cost, self._config, overlap_forward=self._overlap)
-        plan, profile, search = comm.broadcast_object(payload, root_rank=0,
-                                                      process_set=self._process_set,
-                                                      name="dcredit.plan")
+        plan, profile, search = self._broadcast(payload, f"{self._prefix}.plan")
         self._plan = plan
         self._measured = (profile, cost)
         if self._overlap:
@@ -443,6 +534,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         policy = self._policy if self._is_gate else Immediate()
         policy.bind(self._layouts)
         self._scheduler.policy = policy
+        self._check_layouts("when the plan was installed")
         if self._drift is not None:
             self._drift.reset()
             self._last_end = None
@@ -467,22 +559,21 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 planning.write(self._config.profile_out, cost, samples, profile, plan, search)
 
     # -- hooks and submission -------------------------------------------------------------
-    def _make_hook(self, p):
-        def hook(param):
-            self._scheduler.check()
-            if p in self._queued and self._allreduce_delay[p] <= 0:
-                raise AssertionError(_TOO_MANY_PASSES)
-            assert not p.grad.requires_grad
-            assert self._allreduce_delay[p] > 0
-            self._pending.add(p)
-            self._allreduce_delay[p] -= 1
-            if self._allreduce_delay[p] == 0:
-                if self._profiler is not None:
-                    self._profiler.ready(p)
-                if self._timeline is not None:
-                    self._trace_backward(p)
-                self._enqueue(p)
-        return hook
+    def _grad_ready(self, p) -> None:
+        """Post-accumulate-grad hook of ``p`` (Horovod's ``_make_hook`` contract)."""
+        self._scheduler.check()
+        if p in self._queued and self._allreduce_delay[p] <= 0:
+            raise AssertionError(_TOO_MANY_PASSES)
+        assert not p.grad.requires_grad
+        assert self._allreduce_delay[p] > 0
+        self._pending.add(p)
+        self._allreduce_delay[p] -= 1
+        if self._allreduce_delay[p] == 0:
+            if self._profiler is not None:
+                self._profiler.ready(p)
+            if self._timeline is not None:
+                self._trace_backward(p)
+            self._enqueue(p)
 
     def _trace_backward(self, p) -> None:
         """Backward track: each gradient spans from the previous gradient's readiness (or the
@@ -529,6 +620,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                         "flight; they are dropped (elastic's sync() restores rank 0's state)")
         self._membership, self._membership_lost = membership, False
         self._discard_in_flight()
+        # A joining worker starts from the construction order: all agree on rank 0's again.
+        self._order = list(self._initial)
+        if self._guard is not None:
+            self._forward_order_applied = False
+            self._guard.observe(self._requires_update)
         self._scheduler.policy = self._start_schedule()
         if self._overlap:
             self._time_layers(self._profiler is not None or self._timeline is not None)
@@ -692,6 +788,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def synchronize(self) -> None:
         """Send whatever is left (zeros for gradients this rank never computed) and wait until
         every block is reduced and written back into ``p.grad``."""
+        self._check_open()
         if not self._enabled:
             self._synchronized = True
             return
@@ -745,8 +842,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         Every rank reads the sum at the same iteration end, so all start the new profile at
         the same step without any other message."""
         fired = self._is_gate and self._drift.fired is not None
-        self._control = comm.submit(torch.tensor([1.0 if fired else 0.0]), "dcredit.control",
-                                    hvd.Sum, 1.0, 1.0, self._process_set)
+        self._control = comm.submit(torch.tensor([1.0 if fired else 0.0]),
+                                    f"{self._prefix}.control", hvd.Sum, 1.0, 1.0,
+                                    self._process_set)
 
     def _watch_drift(self) -> None:
         if self._control is not None:
@@ -775,13 +873,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._time_layers(True)
         if self._timeline is not None:
             self._timeline.mark("re-plan: profiling", iteration=self._iteration)
-
-    def _amplified(self, call):
-        """``call`` behind a race-amplifier sleep (completion thread: polls and collects)."""
-        def amplified(*args, **kwargs):
-            self._amplify()
-            return call(*args, **kwargs)
-        return amplified
 
     @contextmanager
     def _lost_to_shutdown_reported(self):
@@ -828,6 +919,39 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._step_in_flight = False
         self._end_iteration()
 
+    def close(self) -> None:
+        """Stop scheduling for good: apply what the last ``step()`` owes, remove every hook
+        this optimizer put on the parameters and the model, and give the parameters their own
+        classes back (read guard).  A new ``DistributedOptimizer`` can then be built over the
+        same parameters (switching optimizers, re-creating one after a restore).  Runs no
+        collective, so ranks may close at different moments.  Idempotent; afterwards
+        ``step()`` and ``synchronize()`` raise, ``state_dict()`` still works."""
+        self._close("")
+
+    def _close(self, why: str) -> None:
+        if self._closed is not None:
+            return
+        if self._enabled:
+            if self._pending:
+                raise RuntimeError(_CLOSE_MID_ITERATION)
+            if self._step_in_flight:
+                with self._lost_to_shutdown_reported():
+                    self._scheduler.wait_all()
+                    self._updater.drain()
+                    follow(self._cuda_stream)
+                self._step_in_flight = False
+            self._hooks.remove()
+            if self._guard is not None:
+                self._guard.stop_observing()
+                self._guard.release_all()
+            self._scheduler.close()
+            instances.unregister(self)
+        self._closed = f" {why}" if why else ""
+
+    def _check_open(self) -> None:
+        if self._closed is not None:
+            raise RuntimeError(_CLOSED.format(why=self._closed))
+
     @contextmanager
     def skip_synchronize(self):
         """For ``synchronize(); clip...; with skip_synchronize(): step()`` (Horovod's pattern)."""
@@ -845,6 +969,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         waits for that update (the read guard).  Otherwise (and after ``synchronize()``, with a
         closure, or while ``dcredit`` profiles) it waits for every gradient, as Horovod does.
         """
+        self._check_open()
         if self._should_synchronize and self._synchronized:
             warnings.warn(_DOUBLE_SYNC, stacklevel=2)
         if self._can_overlap(closure):

@@ -129,10 +129,12 @@ class StepProfiler:
 
 def measure_cost_model(max_bytes: int, process_set: Any, reps: int = 3,
                        sizes: Sequence[int] = COST_SIZES, device: Any = "cpu",
+                       prefix: str = "dcredit.costmodel",
                        ) -> tuple[CostModel, list[tuple[int, float]]]:
     """Fit ``T(bytes) = a + b*bytes`` from all-reduces timed on the live communicator.
 
-    Collective: every rank of ``process_set`` must call it at the same point.  Returns rank 0's
+    Collective: every rank of ``process_set`` must call it at the same point; its collectives
+    are named under ``prefix`` (one per optimizer: several may be in flight).  Returns rank 0's
     fit and rank 0's ``(bytes, median seconds)`` samples, broadcast to every rank.
     """
     import torch
@@ -148,7 +150,7 @@ def measure_cost_model(max_bytes: int, process_set: Any, reps: int = 3,
         times = []
         for rep in range(reps + 1):                  # the first is a warm-up (negotiation, cache)
             start = time.perf_counter()
-            handle = comm.submit(tensor, f"dcredit.costmodel.{size}", comm.AVERAGE, 1.0, 1.0,
+            handle = comm.submit(tensor, f"{prefix}.{size}", comm.AVERAGE, 1.0, 1.0,
                                  process_set)
             comm.wait(handle)
             if rep:
@@ -156,4 +158,4 @@ def measure_cost_model(max_bytes: int, process_set: Any, reps: int = 3,
         samples.append((size, statistics.median(times)))
     model = fit([s for s, _ in samples], [t for _, t in samples]) if process_set.rank() == 0 else None
     return comm.broadcast_object((model, samples), root_rank=0, process_set=process_set,
-                                 name="dcredit.costmodel.fit")
+                                 name=f"{prefix}.fit")

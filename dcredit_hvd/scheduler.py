@@ -30,6 +30,7 @@ import torch
 from .blocks import Block
 from .liveness import Liveness, PeerEvent
 from .policies.base import Policy
+from .weak import weakly
 
 log = logging.getLogger("dcredit_hvd")
 
@@ -158,7 +159,7 @@ class BlockScheduler:
         #: completion-thread error, so every wait here wakes and raises ``PeerLostError``.
         self._liveness = liveness
         if liveness is not None:
-            liveness.subscribe(self._peer_lost)
+            liveness.subscribe(weakly(self._peer_lost))     # the channel outlives schedulers
 
     # -- training-thread side -------------------------------------------------------------
     def start_iteration(self) -> None:
@@ -294,30 +295,38 @@ class BlockScheduler:
                             return
                     if self._closed:
                         return
-                    inflight = list(self._inflight)
-                done = [item for item in inflight if self._poll(item.handle)]
-                if not done:
+                if not self._complete_finished():
                     time.sleep(self._poll_seconds)
-                    continue
-                for item in done:
-                    output = self._collect(item.handle)
-                    if item.finish is not None:
-                        item.finish(output)
-                if self.timeline is not None:
-                    self._trace(done)
-                with self._cond:
-                    for item in done:
-                        self._inflight.remove(item)
-                        self._outstanding -= 1
-                        self._bytes_done += item.block.nbytes
-                        self.policy.on_complete(item.block)
-                    if not self._inflight:
-                        self._busy_s += time.perf_counter() - self._busy_since
-                    self._pump("completion")
-                    self._cond.notify_all()
         except BaseException as exc:  # surfaced in the training thread
             with self._cond:
                 self._fail(exc)
+
+    def _complete_finished(self) -> bool:
+        """Collect and finish every in-flight block Horovod is done with; False if none was.
+        A method of its own so that the finished items (whose callbacks reference the
+        optimizer) are not kept alive by the idle thread's frame."""
+        with self._cond:
+            inflight = list(self._inflight)
+        done = [item for item in inflight if self._poll(item.handle)]
+        if not done:
+            return False
+        for item in done:
+            output = self._collect(item.handle)
+            if item.finish is not None:
+                item.finish(output)
+        if self.timeline is not None:
+            self._trace(done)
+        with self._cond:
+            for item in done:
+                self._inflight.remove(item)
+                self._outstanding -= 1
+                self._bytes_done += item.block.nbytes
+                self.policy.on_complete(item.block)
+            if not self._inflight:
+                self._busy_s += time.perf_counter() - self._busy_since
+            self._pump("completion")
+            self._cond.notify_all()
+        return True
 
     def _trace(self, done: list[Item]) -> None:
         now = time.perf_counter()

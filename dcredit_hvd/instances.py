@@ -1,0 +1,60 @@
+"""The live ``DistributedOptimizer`` instances of this process.
+
+Two things depend on which other optimizers exist (``docs/design.md``, "Several optimizers"):
+
+* **Collective names.**  Horovod refuses a second in-flight all-reduce with a name already in
+  flight, and sums whatever two ranks send under one name.  Two optimizers (a GAN's generator
+  and discriminator, two parameter groups of one model) may be in flight at once, so every
+  name an optimizer issues starts with its own prefix: a digest of its process set and its
+  parameters' names and shapes, which every rank computes alike, plus ``.k`` for the k-th
+  optimizer created in this process with the same digest (two models with identical names, an
+  optimizer rebuilt on the same model).  A creation count, not the live optimizers: which
+  optimizers are still alive depends on when each rank's garbage collector ran, whereas ranks
+  of one job create optimizers in the same order.  The construction check compares prefixes.
+* **Ownership of parameters.**  An optimizer's hooks fire on every backward for as long as it
+  lives.  A new optimizer over parameters that a live one still holds (the user rebound the
+  variable, or dropped it while its last updates were in flight) takes them over: the old one
+  is closed (``holders``), so no gradient is ever counted twice.
+"""
+from __future__ import annotations
+
+import hashlib
+import weakref
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+#: digest -> optimizers created with it so far
+_created: Counter[str] = Counter()
+#: optimizer -> (prefix, ids of the parameters whose gradients it hooks)
+_live: weakref.WeakKeyDictionary[Any, tuple[str, frozenset[int]]] = weakref.WeakKeyDictionary()
+
+
+def prefix_for(process_set_id: Any, described: Sequence[tuple]) -> str:
+    """``dcredit.<digest>[.<k>]``: ``described`` holds ``(name, shape)`` of each parameter.
+    ``k`` counts the optimizers with this digest that were built (``register``) before; a
+    construction that failed (ranks disagreed) counts on no rank."""
+    text = repr((process_set_id, tuple(described)))
+    base = "dcredit." + hashlib.sha256(text.encode()).hexdigest()[:10]
+    k = _created[base]
+    return base if k == 0 else f"{base}.{k}"
+
+
+def register(optimizer: Any, prefix: str, params: Iterable[Any]) -> None:
+    """``optimizer`` was built: it hooks ``params`` and its digest counts one more creation."""
+    _created[".".join(prefix.split(".")[:2])] += 1
+    _live[optimizer] = (prefix, frozenset(id(p) for p in params))
+
+
+def unregister(optimizer: Any) -> None:
+    _live.pop(optimizer, None)
+
+
+def holders(params: Iterable[Any]) -> list:
+    """Live optimizers that hook any of ``params``, oldest first."""
+    wanted = {id(p) for p in params}
+    return [opt for opt, (_, ids) in list(_live.items()) if ids & wanted]
+
+
+def live() -> int:
+    return len(_live)
