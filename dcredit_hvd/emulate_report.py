@@ -37,9 +37,10 @@ def bounds(profile: Profile, hosts: int, dilation: replay.Dilation) -> dict[str,
 def predictions(profile: Profile, hosts: int, dilation: replay.Dilation,
                 kept: dict[str, Any], policies: list[str], startup_s: float) -> dict[str, Any]:
     """Each policy simulated on the emulated profile and link (wall seconds, emulated bytes,
-    Horovod's dilated cycle), divided by K: cluster ms.  ``a`` is the measured one-element
-    all-reduce less half a cycle (the simulator waits for the next cycle itself), at least the
-    simulator's default per-operation cost."""
+    Horovod's dilated cycle), divided by K: cluster ms.  ``a`` is dcredit's live fit when it
+    ran (as ``dcredit_hvd.bench`` does: taken while the model runs, as the policies see it), else
+    the measured one-element all-reduce less half a cycle (the simulator waits for the next
+    cycle itself); both are kept in the JSON."""
     from .policies.dcredit import DCredit
 
     emulated = replay.emulated_profile(profile, dilation)
@@ -47,10 +48,13 @@ def predictions(profile: Profile, hosts: int, dilation: replay.Dilation,
     if need is None:
         return {}
     cycle = float(os.environ.get("HOROVOD_CYCLE_TIME", "1")) / 1e3
-    a = max(simulator.DEFAULT_OP_OVERHEAD_S, startup_s - cycle / 2)
+    measured = next((k.measured for k in kept.values() if getattr(k, "measured", None)), None)
+    probe_a = max(simulator.DEFAULT_OP_OVERHEAD_S, startup_s - cycle / 2)
+    a = measured[1].a if measured else probe_a
     cost = CostModel(a=a, b=need["seconds"] / emulated.total_bytes)
     fusion = int(os.environ.get("HOROVOD_FUSION_THRESHOLD", 128 << 20))
-    out: dict[str, Any] = {"a_wall_s": a, "cycle_wall_s": cycle}
+    out: dict[str, Any] = {"a_wall_s": a, "a_probe_wall_s": probe_a, "cycle_wall_s": cycle,
+                           "a_source": "dcredit live fit" if measured else "startup probe"}
     for name in policies:
         base, overlap = name.removesuffix("-sync"), not name.endswith("-sync")
         if base == "ddp":
@@ -138,6 +142,12 @@ def print_report(results: dict[str, Any]) -> None:
               f" (compute + {b['dependency_excess_ms']:.1f} ms: {b['dependency_tensor']} "
               "overlaps neither pass)" if b["dependency_excess_ms"] > 0.05 else "")
           + f"; SGD update (real CPU, not replayed) {results['update_ms']:.2f} ms")
+    sim = results.get("simulated", {})
+    if "a_wall_s" in sim:
+        print(f"all-reduce startup a = {sim['a_wall_s'] * 1e3:.1f} ms wall, "
+              f"{sim['a_wall_s'] * 1e3 / results['time_factor']:.2f} ms cluster "
+              f"({sim['a_source']}; a one-element all-reduce: "
+              f"{results.get('startup_wall_s', 0) * 1e3:.1f} ms wall)")
     ups = speedups(results)
     bases = [x for x in BASELINE_ORDER if x in results["policies"]]
     head = "".join(f"{'vs ' + x:>16}" for x in bases)

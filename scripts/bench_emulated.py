@@ -119,6 +119,35 @@ def grid_markdown(cells: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def predict_markdown(models: list[str], hosts: list[int], targets: list[str]) -> str:
+    """The simulator on the shipped profiles and each TARGET cluster's ideal link (ring, no
+    latency, Horovod's 1 ms cycle, the simulator's 50 us per operation): what each policy can
+    reach where the CPU costs nothing; the measured grid is judged against it."""
+    from dcredit_hvd import simulator
+
+    lines = ["| model | hosts | target | lower bound ms | horovod | wfbp | bytescheduler | "
+             "dcredit | dcredit over bytescheduler | dcredit over horovod |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for model in models:
+        profile, _ = replay.load(replay.shipped(model))
+        for n in hosts:
+            for target in targets:
+                cost = simulator.link_cost(replay.parse_rate(target), 0.0, n)
+                t = {p: simulator.simulate(profile, cost, p, overlap_forward=p != "horovod",
+                                           partition_bytes=4_000_000,
+                                           credit_bytes=16_000_000).iteration_s
+                     for p in ("horovod", "wfbp", "bytescheduler")}
+                t["dcredit"] = simulator.best_dcredit(profile, cost,
+                                                      overlap_forward=True).iteration_s
+                bound = max(simulator.lower_bound(profile, cost),
+                            simulator.dependency_bound(profile, cost))
+                cols = " | ".join(f"{t[p] * 1e3:.0f} ({t[p] / bound:.2f}x)" for p in t)
+                lines.append(f"| {model} | {n} | {target} | {bound * 1e3:.0f} | {cols} | "
+                             f"{t['bytescheduler'] / t['dcredit']:.2f}x | "
+                             f"{t['horovod'] / t['dcredit']:.2f}x |")
+    return "\n".join(lines) + "\n"
+
+
 def plot(cells: list[dict], path: Path) -> bool:
     """dcredit's speed-up over each baseline against the host count, one panel per model."""
     try:
@@ -171,6 +200,8 @@ def main() -> int:
                    help="run each cell at K and at 2K (issue 21, check 3)")
     p.add_argument("--out", default=str(ROOT / "results" / "emulated"))
     p.add_argument("--report-only", action="store_true")
+    p.add_argument("--predict", action="store_true",
+                   help="also write predicted.md: the simulator on each target's ideal link")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -180,10 +211,15 @@ def main() -> int:
                 for target in args.targets.split(","):
                     for k in ((args.k, 2 * args.k) if args.dilation_check else (args.k,)):
                         launch(model, hosts, target, args, k)
+    if args.predict:
+        (out / "predicted.md").write_text(predict_markdown(
+            args.models.split(","), [int(h) for h in args.hosts.split(",")],
+            args.targets.split(",")))
+        print(f"wrote {out / 'predicted.md'}")
     cells = load_cells(out)
     (out / "grid.md").write_text(grid_markdown(cells))
     print(f"wrote {out / 'grid.md'}" + (f" and {out / 'speedup.png'}"
-                                         if plot(cells, out / "speedup.png") else ""))
+                                         if cells and plot(cells, out / "speedup.png") else ""))
     return 0
 
 

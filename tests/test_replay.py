@@ -174,7 +174,9 @@ def test_merging_tiny_layers_keeps_every_tensor() -> None:
 
 
 def test_replayed_iteration_takes_the_profile_times_dilated() -> None:
-    """40 layers of 1 ms forward, 2 ms backward at K=2: within 3% of 240 ms, CPU mostly idle."""
+    """40 layers of 1 ms forward, 2 ms backward at K=2: 240 ms, never less, and no more than 3%
+    beyond what the clock reports as CPU delay it could not absorb (a preempted rank on a
+    loaded machine), with the CPU mostly idle."""
     replay.tighten_timer_slack()
     profile = small_profile(n=40, t=0.001)
     d = Dilation.for_cluster("10gbit", "500mbit", byte_scale=10)       # K = 2
@@ -185,12 +187,14 @@ def test_replayed_iteration_takes_the_profile_times_dilated() -> None:
     best = math.inf
     for _ in range(3):
         model.clock.idle()
-        began, cpu = time.perf_counter(), time.process_time()
+        began, cpu, late = time.perf_counter(), time.process_time(), model.clock.late
         model(x).sum().backward()
         wall = time.perf_counter() - began
-        best = min(best, wall)
+        unabsorbed = model.clock.late - late
+        best = min(best, wall - unabsorbed)
+        assert want <= wall * 1.0005, (wall, want)
         used = time.process_time() - cpu
-    assert want <= best * 1.0005 and best < want * 1.03, (best, want)
+    assert best < want * 1.03, (best, want)
     assert used < 0.5 * wall
 
 
