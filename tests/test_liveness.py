@@ -442,3 +442,46 @@ def test_the_listener_is_on_one_address_not_every_interface():
         assert channel.address()["addrs"] == ["127.0.0.1"]
     finally:
         channel.close()
+
+
+def _loopback_interface() -> str:
+    from dcredit_hvd import interfaces
+
+    names = [n for n, a in interfaces.interface_addresses().items() if a == "127.0.0.1"]
+    if not names:
+        pytest.skip("no interface with 127.0.0.1 found (not Linux?)")
+    return names[0]
+
+
+def test_the_listen_address_follows_the_setting_then_one_host_then_the_librarys_interface():
+    from dcredit_hvd.interfaces import listen_address
+
+    lo = _loopback_interface()
+    assert listen_address(lo, {}) == "127.0.0.1"                       # DCREDIT_LIVENESS_BIND
+    assert listen_address("127.0.0.1", {"HOROVOD_GLOO_IFACE": "nope0"}) == "127.0.0.1"
+    assert listen_address("", {}, single_host=True) == "127.0.0.1"    # every rank here
+    assert listen_address("", {"HOROVOD_GLOO_IFACE": lo}) == "127.0.0.1"
+    assert listen_address("", {"OMPI_MCA_btl_tcp_if_include": f"nope0,{lo}"}) == "127.0.0.1"
+    assert listen_address("", {"OMPI_MCA_btl_tcp_if_include": "127.0.0.0/8"}) == "127.0.0.1"
+    assert listen_address("", {"GLOO_SOCKET_IFNAME": lo}) == "127.0.0.1"
+    # else the host name's address (or loopback): one address of this host, never every one
+    chosen = listen_address("", {"HOROVOD_GLOO_IFACE": "nope0"})
+    assert chosen and socket.create_server((chosen, 0)).close() is None
+
+
+def test_a_bind_setting_that_is_no_address_of_this_host_is_an_error_naming_the_variable():
+    lo = _loopback_interface()
+    assert liveness.settings({"DCREDIT_LIVENESS_BIND": lo}).bind == lo
+    assert liveness.settings({}, bind="127.0.0.1").bind == "127.0.0.1"
+    for bad in ("nope0", "198.51.100.1"):
+        with pytest.raises(ValueError, match=r"DCREDIT_LIVENESS_BIND \(environment\) must be an "
+                                             r"IP address of this host or the name of one of"):
+            liveness.settings({"DCREDIT_LIVENESS_BIND": bad})
+
+
+def test_a_channel_listens_where_its_settings_say():
+    channel = Liveness(0, 2, Settings(bind=_loopback_interface()), secret=SECRET)
+    try:
+        assert channel.address()["addrs"] == ["127.0.0.1"]
+    finally:
+        channel.close()
