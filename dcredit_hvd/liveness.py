@@ -132,12 +132,21 @@ def check(result: Settings) -> Settings:
 
 def settings(environ: Optional[Mapping[str, str]] = None, **keywords: Any) -> Settings:
     """Keyword (when not None) > ``DCREDIT_LIVENESS*`` variable > default, validated: for a
-    channel started without an optimizer (``comm.watch_peers()``).  The same resolution as the
-    optimizer's: ``config.SchedulerConfig``, whose ``liveness*`` fields these are."""
-    from .config import SchedulerConfig  # config imports this module
-
-    fields = {CONFIG_FIELD[name]: value for name, value in keywords.items()}
-    return SchedulerConfig.resolve(environ, **fields).liveness_settings()
+    channel started without an optimizer (``watch_peers()`` of a transport).  The same rule and
+    texts as ``config.SchedulerConfig``'s, whose ``liveness*`` fields these are (config imports
+    this module, so this one resolves on its own rather than through config)."""
+    environ = os.environ if environ is None else environ
+    unknown = set(keywords) - set(ENV)
+    if unknown:
+        raise TypeError(f"unknown liveness setting(s): {', '.join(sorted(unknown))}; "
+                        f"known: {', '.join(ENV)}")
+    values = {}
+    for name, variable in ENV.items():
+        if keywords.get(name) is not None:
+            values[name] = validate(name, keywords[name], CONFIG_FIELD[name])
+        elif environ.get(variable, "") != "":
+            values[name] = validate(name, environ[variable], f"{variable} (environment)")
+    return check(Settings(**values))
 
 
 @dataclass(frozen=True)

@@ -22,10 +22,13 @@ import statistics
 import time
 from collections import defaultdict
 from collections.abc import Hashable, Sequence
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from .costmodel import CostModel, fit
 from .profile import Profile
+
+if TYPE_CHECKING:
+    from .transport import Transport
 
 #: All-reduce sizes timed by ``measure_cost_model`` (bytes), capped by the model's size.
 COST_SIZES = (4 << 10, 64 << 10, 512 << 10, 2 << 20, 8 << 20, 32 << 20)
@@ -127,19 +130,17 @@ class StepProfiler:
         return Profile.from_lists(names, nbytes, element_size, t_f, t_b, kinds=kinds)
 
 
-def measure_cost_model(max_bytes: int, process_set: Any, reps: int = 3,
+def measure_cost_model(max_bytes: int, transport: Transport, reps: int = 3,
                        sizes: Sequence[int] = COST_SIZES, device: Any = "cpu",
                        prefix: str = "dcredit.costmodel",
                        ) -> tuple[CostModel, list[tuple[int, float]]]:
     """Fit ``T(bytes) = a + b*bytes`` from all-reduces timed on the live communicator.
 
-    Collective: every rank of ``process_set`` must call it at the same point; its collectives
+    Collective: every rank of ``transport``'s group must call it at the same point; its collectives
     are named under ``prefix`` (one per optimizer: several may be in flight).  Returns rank 0's
     fit and rank 0's ``(bytes, median seconds)`` samples, broadcast to every rank.
     """
     import torch
-
-    from . import comm
 
     chosen = [s for s in sizes if s <= max(max_bytes, 4 * sizes[0])]
     if len(chosen) < 2:
@@ -150,12 +151,9 @@ def measure_cost_model(max_bytes: int, process_set: Any, reps: int = 3,
         times = []
         for rep in range(reps + 1):                  # the first is a warm-up (negotiation, cache)
             start = time.perf_counter()
-            handle = comm.submit(tensor, f"{prefix}.{size}", comm.AVERAGE, 1.0, 1.0,
-                                 process_set)
-            comm.wait(handle)
+            transport.wait(transport.submit(tensor, f"{prefix}.{size}", transport.average))
             if rep:
                 times.append(time.perf_counter() - start)
         samples.append((size, statistics.median(times)))
-    model = fit([s for s, _ in samples], [t for _, t in samples]) if process_set.rank() == 0 else None
-    return comm.broadcast_object((model, samples), root_rank=0, process_set=process_set,
-                                 name=f"{prefix}.fit")
+    model = fit([s for s, _ in samples], [t for _, t in samples]) if transport.rank() == 0 else None
+    return transport.broadcast_object((model, samples), f"{prefix}.fit")

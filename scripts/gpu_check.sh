@@ -280,7 +280,7 @@ import os
 import horovod.torch as hvd
 
 hvd.init()
-from dcredit_hvd import comm  # noqa: E402
+from dcredit_hvd.transports import horovod as comm  # noqa: E402
 
 try:
     from dcredit_hvd.config import SchedulerConfig

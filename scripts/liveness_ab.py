@@ -27,7 +27,8 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import dcredit_hvd  # noqa: E402
-from dcredit_hvd import comm, liveness  # noqa: E402
+from dcredit_hvd import liveness  # noqa: E402
+from dcredit_hvd.transports import horovod as comm  # noqa: E402
 
 
 def _thread_cpu_ns(native_id: int) -> int:

@@ -26,7 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import dcredit_hvd
-from dcredit_hvd import comm
+from dcredit_hvd.transports import horovod as comm
 
 #: Limits (the issue's): resident memory growth after warm-up, growth of pending handles/names.
 RSS_GROWTH_LIMIT_PCT = 5.0

@@ -11,7 +11,7 @@ import pickle
 import pytest
 import torch
 
-from dcredit_hvd import comm
+from dcredit_hvd.transports import horovod as comm
 
 
 def _count(tensor: torch.Tensor) -> int:

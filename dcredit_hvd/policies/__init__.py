@@ -1,4 +1,4 @@
-"""Window rules, one module each.  ``make_policy`` builds the one a config names."""
+"""Window rules, one module each.  ``make_policy`` builds the one a configuration names."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional
@@ -9,28 +9,27 @@ from .dcredit import DCredit
 from .wfbp import WFBP
 
 if TYPE_CHECKING:
-    from ..config import SchedulerConfig
     from ..planner import Plan
 
 #: Policies a user may name.
 POLICIES = ("dcredit", "bytescheduler", "wfbp")
 
 
-def make_policy(config: SchedulerConfig, plan: Optional[Plan] = None, *,
+def make_policy(name: str, credit_bytes: int, plan: Optional[Plan] = None, *,
                 overlap_forward: bool = False) -> Policy:
-    """The policy object ``config.policy`` names (the config has been validated).
+    """The policy object ``name`` names (``config.SchedulerConfig.policy``, validated).
 
     ``dcredit`` needs a plan; until one exists (while the job is profiled) it runs under
     ``bytescheduler`` rules with the configured credit.  ``overlap_forward``: the runtime
     overlaps the next forward pass (phase-2 windows per tensor) or not (phase 2 drains).
     """
-    if config.policy == "wfbp":
+    if name == "wfbp":
         return WFBP()
-    if config.policy == "bytescheduler" or (config.policy == "dcredit" and plan is None):
-        return ByteScheduler(config.credit_bytes)
-    if config.policy == "dcredit":
+    if name == "bytescheduler" or (name == "dcredit" and plan is None):
+        return ByteScheduler(credit_bytes)
+    if name == "dcredit":
         return DCredit(plan, overlap_forward=overlap_forward)
-    raise ValueError(f"unknown policy {config.policy!r}; choose one of {', '.join(POLICIES)}")
+    raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}")
 
 
 __all__ = ["POLICIES", "ByteScheduler", "DCredit", "Immediate", "Policy", "WFBP", "make_policy"]

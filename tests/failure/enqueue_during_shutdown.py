@@ -2,7 +2,7 @@
 
 ``python enqueue_during_shutdown.py MODE`` under ``mpirun -np 2`` or ``horovodrun -np 2 --gloo``:
 
-* ``dcredit``: rank 0 enqueues through ``dcredit_hvd.comm.submit``, the path every block takes;
+* ``dcredit``: rank 0 enqueues through ``dcredit_hvd.transports.horovod.submit``, the path every block takes;
 * ``horovod``: rank 0 calls ``hvd.allreduce_async_`` itself.  Not run by the tests: it is the
   reproduction of the Horovod 0.28.1 deadlock that ``comm._HorovodReferences`` avoids (it hung
   6 runs out of 6 under ``mpirun``, with rank 0's background thread in ``FinalizeTensorQueue``
@@ -19,7 +19,7 @@ import time
 import horovod.torch as hvd
 import torch
 
-from dcredit_hvd import comm
+from dcredit_hvd.transports import horovod as comm
 
 MODE = sys.argv[1]
 LIMIT_S = 20.0

@@ -23,7 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import dcredit_hvd
-from dcredit_hvd import comm
+from dcredit_hvd.transports import horovod as comm
 
 from conftest import assert_all_ranks
 

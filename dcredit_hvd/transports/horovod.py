@@ -1,8 +1,13 @@
-"""The only module that calls Horovod's collectives.
+"""The Horovod transport: the only module that imports Horovod.
 
-Everything the scheduler sends goes through ``submit``/``poll``/``collect``; the few collectives
-used at set-up (object broadcast and all-gather) are here too, so replacing the transport means
-editing this file only.  Public ``horovod.torch`` API only: Horovod is never patched.
+``HorovodTransport`` implements ``transport.Transport`` over one Horovod process set; the
+module-level functions below are what it calls (tests replace them, e.g. ``collect``, so the
+transport looks them up at each call).  Everything the scheduler sends goes through
+``submit``/``poll``/``collect``; the few collectives used at set-up (object broadcast and
+all-gather) are here too.  Public ``horovod.torch`` API only: Horovod is never patched.
+
+The factory's defaults (``hvd.DistributedOptimizer``'s signature) come from here too:
+``COMPRESSION_NONE``, ``AVERAGE``, ``ADASUM`` and ``GLOBAL_PROCESS_SET``.
 """
 from __future__ import annotations
 
@@ -16,12 +21,17 @@ from typing import Any, Callable, Optional
 import horovod.torch as hvd
 import torch
 
-from . import handshake, interfaces, liveness
-from .scheduler import PeerLostError
+from .. import handshake, interfaces, liveness
+from ..scheduler import PeerLostError
 
 #: The reduction ops, re-exported so no other module needs Horovod for them.
 AVERAGE = hvd.Average
 SUM = hvd.Sum
+#: Refused by the factory (it reduces optimizer deltas, not gradients).
+ADASUM = hvd.Adasum
+#: ``hvd.DistributedOptimizer``'s defaults, for the factory's signature.
+COMPRESSION_NONE = hvd.Compression.none
+GLOBAL_PROCESS_SET = hvd.global_process_set
 #: Horovod's error for a failed collective (a peer died, Horovod shut down); elastic recovers it.
 HorovodInternalError = hvd.HorovodInternalError
 
@@ -243,3 +253,87 @@ def raise_if_peer_lost() -> None:
         lost = channel.lost
         if lost:
             raise PeerLostError.from_events(lost)
+
+
+def accepts(group: Any) -> bool:
+    """Horovod's groups are its process sets (``hvd.ProcessSet``)."""
+    return isinstance(group, hvd.ProcessSet)
+
+
+def transport(group: Any) -> HorovodTransport:
+    return HorovodTransport(group)
+
+
+class HorovodTransport:
+    """``transport.Transport`` over one Horovod process set.
+
+    Each method calls this module's function of the same name at call time (not a reference
+    taken at construction), so that a test replacing ``collect`` here is seen by optimizers."""
+
+    failure = HorovodInternalError
+    average = AVERAGE
+    sum = SUM
+
+    def __init__(self, process_set: Any) -> None:
+        self.process_set = process_set
+        #: ``horovodrun --min-np/--max-np`` sets it in every worker.
+        self.elastic = os.environ.get("HOROVOD_ELASTIC") == "1"
+
+    def rank(self) -> int:
+        return self.process_set.rank()
+
+    def size(self) -> int:
+        return self.process_set.size()
+
+    def included(self) -> bool:
+        return self.process_set.included()
+
+    def group_id(self) -> Any:
+        return getattr(self.process_set, "process_set_id", None)
+
+    def job_rank(self) -> int:
+        return rank()
+
+    def job_size(self) -> int:
+        return size()
+
+    def is_up(self) -> bool:
+        return is_initialized()
+
+    def gpu_operations(self) -> bool:
+        return gpu_operations_built()
+
+    def submit(self, tensor: torch.Tensor, name: str, op: Any, prescale: float = 1.0,
+               postscale: float = 1.0) -> int:
+        return submit(tensor, name, op, prescale, postscale, self.process_set)
+
+    def poll(self, handle: int) -> bool:
+        return poll(handle)
+
+    def collect(self, handle: int) -> torch.Tensor:
+        return collect(handle)
+
+    def wait(self, handle: int, poll_seconds: float = 0.0002) -> torch.Tensor:
+        return wait(handle, poll_seconds)
+
+    def broadcast_object(self, obj: Any, name: str, root: int = 0) -> Any:
+        return broadcast_object(obj, root, self.process_set, name)
+
+    def allgather_object(self, obj: Any, name: str) -> list:
+        return allgather_object(obj, self.process_set, name)
+
+    def watch_peers(self, settings: Any = None) -> Any:
+        return watch_peers(self.process_set, settings)
+
+
+def local_step_module() -> str:
+    """The ``__module__`` for which ``hvd.broadcast_optimizer_state`` runs a local ``step()``.
+
+    Horovod compares the optimizer's ``__module__`` with that of the ``DistributedOptimizer``
+    it imports from ``horovod.torch.optimizer`` at call time.  Reading ``hvd.DistributedOptimizer``
+    instead would break the drop-in swap ``hvd.DistributedOptimizer = dcredit_hvd.DistributedOptimizer``
+    (ours would then name our own module, Horovod would run our collective ``step()`` on the
+    ranks with empty state only, and the job would deadlock).
+    """
+    import horovod.torch.optimizer as horovod_optimizer
+    return horovod_optimizer.DistributedOptimizer.__module__

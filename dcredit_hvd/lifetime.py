@@ -1,0 +1,69 @@
+"""An optimizer's hold on its parameters: taking them over from an older optimizer, closing,
+and the finalizer of one that nobody references any more (``docs/design.md``, "Several
+optimizers").  No collective runs here, so ranks may close at different moments.
+"""
+from __future__ import annotations
+
+import gc
+import warnings
+from typing import Any
+
+from . import instances
+from .state import Hooks, OptimizerState
+
+DETACHED = (
+    "dcredit_hvd: a new DistributedOptimizer was built over {count} parameter(s) that an older "
+    "one still hooks ({names}); the older one is closed now (its owed updates were applied and "
+    "its hooks removed), so no gradient is counted twice, and using it again raises an error. "
+    "Call close() on an optimizer before building its replacement to silence this warning."
+)
+CLOSE_MID_ITERATION = (
+    "dcredit_hvd: the optimizer was closed (or a new one built over its parameters) after "
+    "loss.backward() and before step() or synchronize(): that backward's gradients are being "
+    "all-reduced with the other ranks. Call step() (or synchronize()) first, then close it."
+)
+
+
+def collected(hooks: Hooks) -> None:
+    """Finalizer of a collected optimizer (nothing was in flight: in-flight blocks and owed
+    updates keep it alive): its hooks go; its idle completion thread ends by itself.  Nothing
+    here takes a lock: a finalizer may run in any thread, inside any critical section."""
+    hooks.remove()
+
+
+def take_over(state: OptimizerState, stacklevel: int) -> None:
+    """Close every live optimizer that still hooks any of ``state.requires_update``
+    (``instances.py``): after a collection, the survivors are really in use elsewhere, so say
+    so."""
+    params = state.requires_update
+    older = instances.holders(params)
+    if older:
+        gc.collect()                 # a dropped optimizer may only wait for the collector
+        older = instances.holders(params)
+    for opt in older:
+        held = set(opt._state.requires_update)
+        shared = [p for p in params if p in held]
+        names = [state.names[p] for p in shared]
+        warnings.warn(DETACHED.format(count=len(shared), names=", ".join(names[:3])
+                                      + (", ..." if len(names) > 3 else "")),
+                      stacklevel=stacklevel + 1)
+        opt._close("when a newer DistributedOptimizer was built over its parameters")
+
+
+def close(state: OptimizerState, overlap: Any, owner: Any, why: str) -> None:
+    """Apply what the last step owes, remove every hook, give the parameters their own classes
+    back (read guard), end the completion thread, forget ``owner`` (``instances``)."""
+    if state.closed is not None:
+        return
+    if state.enabled:
+        if state.pending:
+            raise RuntimeError(CLOSE_MID_ITERATION)
+        if state.step_in_flight:
+            overlap.drain()
+        state.hooks.remove()
+        if state.guard is not None:
+            state.guard.stop_observing()
+            state.guard.release_all()
+        state.scheduler.close()
+        instances.unregister(owner)
+    state.closed = f" {why}" if why else ""
