@@ -10,7 +10,7 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 # A stalled block raises StallError (naming it) well before the run's own timeout.
 export DCREDIT_STALL_ABORT_SECONDS ?= 120
 # Each multi-rank run is killed (and fails) rather than hanging CI.
-MULTIRANK_TIMEOUT ?= 900
+MULTIRANK_TIMEOUT ?= 1500
 MPIRUN    := timeout -k 10 $(MULTIRANK_TIMEOUT) mpirun -np 2 --oversubscribe --bind-to none \
              --map-by slot --mca btl self,vader,tcp
 HVDRUN    := timeout -k 10 $(MULTIRANK_TIMEOUT) horovodrun -np 2 -H localhost:2 --gloo

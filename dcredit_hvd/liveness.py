@@ -440,6 +440,8 @@ class Liveness:
         challenge = self._unknown[conn]
         try:
             chunk = conn.recv(handshake.MAX_LINE)
+        except BlockingIOError:
+            return
         except OSError:
             chunk = b""
         challenge.buffer += chunk

@@ -312,8 +312,9 @@ class BlockScheduler:
             return False
         for item in done:
             output = self._collect(item.handle)
-            if item.finish is not None:
-                item.finish(output)
+            finish, item.finish = item.finish, None
+            if finish is not None:
+                finish(output)
         if self.timeline is not None:
             self._trace(done)
         with self._cond:

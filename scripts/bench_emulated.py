@@ -79,13 +79,45 @@ def launch(model: str, hosts: int, target: str, args: argparse.Namespace, k: flo
     return out
 
 
+def reanalyse(record: dict) -> dict:
+    """The cell's bounds, simulator predictions and checks again, from its JSON alone (its
+    profile, K and S, the kept plans, byte settings and live cost model), with today's
+    ``emulate_report``: so that every cell of a grid is judged by the same rules."""
+    import types
+
+    from dcredit_hvd import emulate_report
+    from dcredit_hvd.costmodel import CostModel
+    from dcredit_hvd.planner import Plan
+
+    profile, _ = replay.load(replay.resolve(record["profile"]))
+    dilation = replay.Dilation(record["target_rate"], record["link_rate"],
+                               record["time_factor"], record["byte_scale"])
+    kept = {}
+    for name, run in record["policies"].items():
+        setup = run.get("setup", {})
+        plan = setup.get("plan")
+        if plan is not None:
+            plan = Plan(**{k: tuple(v) if isinstance(v, list) else v for k, v in plan.items()})
+        cost = setup.get("live_cost")
+        config = (types.SimpleNamespace(partition_bytes=setup["partition_bytes"],
+                                        credit_bytes=setup["credit_bytes"])
+                  if "partition_bytes" in setup else None)
+        kept[name] = types.SimpleNamespace(
+            plan=plan, scheduler_config=config,
+            measured=(None, CostModel(**cost)) if cost else None)
+    os.environ["HOROVOD_CYCLE_TIME"] = f"{dilation.environment()['HOROVOD_CYCLE_TIME']}"
+    os.environ["HOROVOD_FUSION_THRESHOLD"] = str(dilation.scaled_bytes(128 << 20))
+    emulate_report.analyse(record, profile, dilation, kept)
+    return record
+
+
 def load_cells(out: Path) -> list[dict]:
     cells = []
     for path in sorted(out.glob("*.json")):
         with open(path) as fh:
             record = json.load(fh)
         record["cell"] = path.stem
-        cells.append(record)
+        cells.append(reanalyse(record))
     return cells
 
 
@@ -93,9 +125,9 @@ def grid_markdown(cells: list[dict]) -> str:
     """One row per cell and policy: cluster ms, x bound, speed-up over each baseline, checks."""
     from dcredit_hvd.emulate_report import BASELINE_ORDER, speedups
 
-    lines = ["| model | hosts | target | policy | ms / iter | x bound | " +
+    lines = ["| model | hosts | target | K | policy | ms / iter | x bound | " +
              " | ".join(f"over {b}" for b in BASELINE_ORDER) + " | simulated (error) |",
-             "|---|---:|---|---|---:|---:|" + "---:|" * len(BASELINE_ORDER) + "---:|"]
+             "|---|---:|---|---:|---|---:|---:|" + "---:|" * len(BASELINE_ORDER) + "---:|"]
     for c in cells:
         ups = speedups(c)
         for name, run in c["policies"].items():
@@ -104,7 +136,8 @@ def grid_markdown(cells: list[dict]) -> str:
             overs = " | ".join(f"{ups[name][b]:.2f}x" if b in ups[name] else "-"
                                for b in BASELINE_ORDER)
             lines.append(f"| {c['profile']} | {c['hosts']} | {c['target_rate'] / 1e9:g} Gbit/s | "
-                         f"{name} | {run['ms_mean']:.0f} | {run['x_bound']:.2f} | {overs} | {err} |")
+                         f"{c['time_factor']:.3g} | {name} | {run['ms_mean']:.0f} | "
+                         f"{run['x_bound']:.2f} | {overs} | {err} |")
     lines += ["", "| cell | K | S | compute (replay / profile) | communication (measured / links)"
               " | CPU max (machine / job) | load | checks failed |", "|---|---:|---:|---|---|---|---|---|"]
     for c in cells:
@@ -119,6 +152,31 @@ def grid_markdown(cells: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def dilation_markdown(cells: list[dict]) -> str:
+    """Check 3: cells that differ only in K, side by side (cluster ms, and the change)."""
+    groups: dict[tuple, list[dict]] = {}
+    for c in cells:
+        groups.setdefault((c["profile"], c["hosts"], c["target_rate"]), []).append(c)
+    lines = ["| cell | run | " + " | ".join(["K = ?"] * 2) + " | change |", "|---|---|---:|---:|---:|"]
+    rows = 0
+    for key, group in sorted(groups.items()):
+        if len(group) < 2:
+            continue
+        a, b = sorted(group, key=lambda c: c["time_factor"])[:2]
+        lines[0] = (f"| cell | run | K = {a['time_factor']:.3g} | K = {b['time_factor']:.3g} | "
+                    "change |")
+        runs = {"compute only": (a["compute"], b["compute"]),
+                "communication only": (a["communication"], b["communication"])}
+        runs.update({p: (a["policies"][p], b["policies"][p]) for p in a["policies"]
+                     if p in b["policies"]})
+        for name, (x, y) in runs.items():
+            lines.append(f"| {key[0]}, {key[1]} hosts, {key[2] / 1e9:g} Gbit/s | {name} | "
+                         f"{x['ms_mean']:.1f} | {y['ms_mean']:.1f} | "
+                         f"{100 * (y['ms_mean'] - x['ms_mean']) / x['ms_mean']:+.1f}% |")
+            rows += 1
+    return "\n".join(lines) + "\n" if rows else ""
+
+
 def predict_markdown(models: list[str], hosts: list[int], targets: list[str]) -> str:
     """The simulator on the shipped profiles and each TARGET cluster's ideal link (ring, no
     latency, Horovod's 1 ms cycle, the simulator's 50 us per operation): what each policy can
@@ -126,8 +184,8 @@ def predict_markdown(models: list[str], hosts: list[int], targets: list[str]) ->
     from dcredit_hvd import simulator
 
     lines = ["| model | hosts | target | lower bound ms | horovod | wfbp | bytescheduler | "
-             "dcredit | dcredit over bytescheduler | dcredit over horovod |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "dcredit | dcredit over bytescheduler | dcredit over horovod | dcredit: link busy "
+             "+ idle ms |", "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for model in models:
         profile, _ = replay.load(replay.shipped(model))
         for n in hosts:
@@ -137,14 +195,15 @@ def predict_markdown(models: list[str], hosts: list[int], targets: list[str]) ->
                                            partition_bytes=4_000_000,
                                            credit_bytes=16_000_000).iteration_s
                      for p in ("horovod", "wfbp", "bytescheduler")}
-                t["dcredit"] = simulator.best_dcredit(profile, cost,
-                                                      overlap_forward=True).iteration_s
+                best = simulator.best_dcredit(profile, cost, overlap_forward=True)
+                t["dcredit"] = best.iteration_s
                 bound = max(simulator.lower_bound(profile, cost),
                             simulator.dependency_bound(profile, cost))
                 cols = " | ".join(f"{t[p] * 1e3:.0f} ({t[p] / bound:.2f}x)" for p in t)
                 lines.append(f"| {model} | {n} | {target} | {bound * 1e3:.0f} | {cols} | "
                              f"{t['bytescheduler'] / t['dcredit']:.2f}x | "
-                             f"{t['horovod'] / t['dcredit']:.2f}x |")
+                             f"{t['horovod'] / t['dcredit']:.2f}x | {best.link_busy_s * 1e3:.0f}"
+                             f" + {(best.iteration_s - best.link_busy_s) * 1e3:.0f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -217,7 +276,7 @@ def main() -> int:
             args.targets.split(",")))
         print(f"wrote {out / 'predicted.md'}")
     cells = load_cells(out)
-    (out / "grid.md").write_text(grid_markdown(cells))
+    (out / "grid.md").write_text(grid_markdown(cells) + "\n" + dilation_markdown(cells))
     print(f"wrote {out / 'grid.md'}" + (f" and {out / 'speedup.png'}"
                                          if cells and plot(cells, out / "speedup.png") else ""))
     return 0

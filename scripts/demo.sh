@@ -45,6 +45,6 @@ for model in $(echo "${DEMO_MODELS:-vgg16,gpt}" | tr ',' ' '); do
 done
 if [ "${DEMO_EMULATED:-1}" != 0 ]; then
     "$VENV/bin/python" scripts/bench_emulated.py --models vgg16 --hosts 8 --targets 10gbit \
-        --k "${DEMO_EMULATED_K:-4}" --warmup 1 --iters "${DEMO_EMULATED_ITERS:-4}" \
+        --k "${DEMO_EMULATED_K:-4}" --warmup 1 --iters "${DEMO_EMULATED_ITERS:-3}" \
         --out results/demo-emulated
 fi

@@ -18,6 +18,7 @@ Parameters are read straight after the last ``step()``, without ``apply_pending_
 from __future__ import annotations
 
 import gc
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -71,11 +72,19 @@ def _single(model: torch.nn.Module, wrap: Wrap, loss: Callable[[int], torch.Tens
     """One optimizer over the trainable parameters of ``model``; ``loss(step)``."""
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     opt = wrap(make([p for _, p in trainable]), trainable, model)
+    _per_rank_draws()
     for step in range(STEPS):
         opt.zero_grad()
         loss(step).backward()
         opt.step()
     return _read(model, opt)
+
+
+def _per_rank_draws() -> None:
+    """Models are built from one seed on every rank; dropout and LayerDrop then draw from a
+    seed per rank (the same in the reference run and the scheduled one), so that ranks drop
+    different layers, as in a real job."""
+    torch.manual_seed(1000 + hvd.rank())
 
 
 def _read(model: torch.nn.Module, *opts) -> list[torch.Tensor]:
@@ -155,6 +164,7 @@ def two_models(wrap: Wrap) -> list[torch.Tensor]:
     gen_model, disc_model = _gpt2(0), _gpt2(1)
     opt_g = wrap(_adamw(gen_model.parameters()), list(gen_model.named_parameters()), gen_model)
     opt_d = wrap(_sgd(disc_model.parameters()), list(disc_model.named_parameters()), disc_model)
+    _per_rank_draws()
     for step in range(STEPS):
         batch = _tokens(step)
         opt_g.zero_grad()
@@ -178,6 +188,7 @@ def disjoint_groups(wrap: Wrap) -> list[torch.Tensor]:
     rest = [(n, p) for n, p in named if (n, p) not in first]
     opt_a = wrap(_adamw([p for _, p in first]), first, model)
     opt_b = wrap(_sgd([p for _, p in rest]), rest, model)
+    _per_rank_draws()
     for step in range(STEPS):
         opt_a.zero_grad()
         opt_b.zero_grad()
@@ -194,6 +205,7 @@ def replaced(how: str) -> Callable[[Wrap], list[torch.Tensor]]:
     def run(wrap: Wrap) -> list[torch.Tensor]:
         model = _gpt2()
         opt = wrap(_adamw(model.parameters()), list(model.named_parameters()), model)
+        _per_rank_draws()
         for step in range(STEPS):
             if step == STEPS // 2:
                 if how == "close" and hasattr(opt, "close"):
@@ -311,7 +323,6 @@ _reference: dict[str, list[torch.Tensor]] = {}
 
 
 def _run(case: Case, wrap: Wrap) -> list[torch.Tensor]:
-    torch.manual_seed(1000 + hvd.rank())          # the same dropout and LayerDrop draws
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return case.run(wrap)
@@ -438,7 +449,12 @@ def test_an_optimizer_nobody_references_is_collected_with_its_hooks():
     opt.apply_pending_updates()
     ref = __import__("weakref").ref(opt)
     del opt
-    gc.collect()
+    # The completion thread may still be returning from the last update's callback.
+    for _ in range(50):
+        gc.collect()
+        if ref() is None:
+            break
+        time.sleep(0.05)
     hooks = sum(len(p._post_accumulate_grad_hooks or {}) for p in model.parameters())
     assert_all_ranks(ref() is None and hooks == 0, f"alive {ref() is not None}, {hooks} hooks")
 
