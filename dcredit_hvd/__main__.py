@@ -180,18 +180,11 @@ def _setup(args: argparse.Namespace, model: str, bandwidth: float):
 
 def _load_measured(path: str):
     """``(profile, cost, record)`` from a ``DCREDIT_PROFILE_OUT`` file (see ``optimizer.py``)."""
-    import json
-
+    from . import planning
     from .costmodel import CostModel
     from .profile import Profile
 
-    try:
-        with open(path) as fh:
-            record = json.load(fh)
-    except OSError as exc:
-        raise ValueError(f"cannot read profile {path!r}: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"profile {path!r} is not JSON: {exc}") from None
+    record = planning.read(path)
     try:
         c, p = record["cost"], record["profile"]
         cost = CostModel(a=float(c["a"]), b=float(c["b"]), residual=c.get("residual"),

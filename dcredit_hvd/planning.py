@@ -88,3 +88,15 @@ def write(path: str, cost: CostModel, samples, profile: Profile, plan, search) -
               "search": [list(row) for row in search]}
     with open(path, "w") as fh:
         json.dump(record, fh, indent=1)
+
+
+def read(path: str) -> dict:
+    """The record ``write`` left at ``path`` (for ``plan --profile`` and the replay), or a
+    ``ValueError`` saying why it cannot be read."""
+    try:
+        with open(path) as fh:
+            return json.load(fh)
+    except OSError as exc:
+        raise ValueError(f"cannot read profile {path!r}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"profile {path!r} is not JSON: {exc}") from None

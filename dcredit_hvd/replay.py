@@ -32,7 +32,6 @@ not absorb, which a real GPU cluster would not have had.
 from __future__ import annotations
 
 import ctypes
-import json
 import math
 import time
 from collections.abc import Sequence
@@ -225,13 +224,12 @@ def profile_from_record(record: Any, where: str = "profile") -> Profile:
 def load(path: str) -> tuple[Profile, dict[str, Any]]:
     """``(profile, record)`` from a JSON file ``profile_out`` wrote (or a shipped profile:
     ``replay.shipped(name)`` gives its path)."""
+    from .planning import read
+
     try:
-        with open(path) as fh:
-            record = json.load(fh)
-    except OSError as exc:
-        raise ReplayError(f"cannot read profile {path!r}: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise ReplayError(f"profile {path!r} is not JSON: {exc}") from None
+        record = read(path)
+    except ValueError as exc:
+        raise ReplayError(str(exc)) from None
     return profile_from_record(record, where=path), record
 
 
