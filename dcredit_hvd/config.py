@@ -17,6 +17,9 @@ from . import liveness
 from .drift import DriftSettings
 from .policies import POLICIES
 
+#: ``transport`` values ("" chooses by what is initialised; ``transports.NAMES``).
+TRANSPORTS = ("", "horovod", "torch.distributed")
+
 _UNITS = {
     "": 1, "b": 1,
     "k": 10**3, "kb": 10**3, "kib": 2**10,
@@ -90,6 +93,9 @@ class SchedulerConfig:
 
     #: Window rule: one of ``policies.POLICIES``.  ``DCREDIT_POLICY``.
     policy: str = "dcredit"
+    #: The collective library: ``"horovod"``, ``"torch.distributed"``, or ``""`` (Horovod when
+    #: it is initialised, else torch.distributed when it is).  ``DCREDIT_TRANSPORT``.
+    transport: str = ""
     #: Largest block, in bytes as sent (after compression).  ``DCREDIT_PARTITION_BYTES``.
     #: ByteScheduler's default, 1M float32 elements.  Under ``dcredit`` the planner chooses the
     #: partition unless this is given explicitly (keyword or environment).
@@ -162,6 +168,7 @@ class SchedulerConfig:
 
     ENV = {
         "policy": "DCREDIT_POLICY",
+        "transport": "DCREDIT_TRANSPORT",
         "partition_bytes": "DCREDIT_PARTITION_BYTES",
         "group_bytes": "DCREDIT_GROUP_BYTES",
         "credit_bytes": "DCREDIT_CREDIT_BYTES",
@@ -217,6 +224,13 @@ class SchedulerConfig:
                 raise ValueError(f"{what}={value!r} is not a known policy; choose one of "
                                  f"{', '.join(POLICIES)}")
             return policy
+        if name == "transport":
+            chosen = str(value).strip().lower()
+            if chosen not in TRANSPORTS:
+                raise ValueError(f"{what}={value!r} is not a transport; choose "
+                                 f"{' or '.join(map(repr, TRANSPORTS[1:]))}, or leave it unset "
+                                 "(Horovod when initialised, else torch.distributed)")
+            return chosen
         if name in ("partition_bytes", "credit_bytes"):
             return parse_bytes(value, what)
         if name == "group_bytes":

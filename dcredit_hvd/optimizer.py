@@ -8,9 +8,11 @@ that contract only; the work is done by parts that act on one state object (``st
 ``gradients`` (hook to wire and back), ``lifecycle`` (profile, plan, re-plan, elastic),
 ``overlap`` (owed updates), ``instrument``, ``lifetime`` (close), assembled by ``runtime``.
 
-The signature's defaults are Horovod's (``transports/horovod.py`` supplies them); the group
-passed as ``process_set`` picks the transport (``transports.for_group``), so a future
-transport's users pass one of its groups and its own ops.
+The signature is Horovod's; ``None`` defaults are the chosen transport's (Horovod's
+``Compression.none``, ``Average`` and global process set, or torch.distributed's default group
+and mean).  The transport is ``transport=`` / ``DCREDIT_TRANSPORT``, else the library of the
+group passed (``process_set`` or ``process_group``), else Horovod when it is initialised, else
+torch.distributed (``transports.select``).  Horovod is imported only when it is the transport.
 """
 from __future__ import annotations
 
@@ -28,7 +30,6 @@ from .device import follow
 from .instrument import log
 from .runtime import Parts, assemble
 from .state import OptimizerState
-from .transports import horovod
 
 _ZERO_GRAD_RACE = (
     "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
@@ -50,9 +51,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     """Methods copied into the generated subclass of the user's optimizer class."""
 
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
-                 gradient_predivide_factor, sparse_as_dense, process_set, model, config):
+                 gradient_predivide_factor, sparse_as_dense, transport, model, config):
         self._dcredit_base.__init__(self, params)
-        transport = transports.for_group(process_set)
         named = arguments.named_parameters(self.param_groups, named_parameters)
         state = self._state = OptimizerState(
             config=config, transport=transport, compression=compression, op=op,
@@ -237,16 +237,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          named_parameters: Optional[Iterable[tuple[str, torch.Tensor]]] = None,
-                         compression: Any = horovod.COMPRESSION_NONE,
+                         compression: Any = None,
                          backward_passes_per_step: int = 1,
-                         op: Any = horovod.AVERAGE,
+                         op: Any = None,
                          gradient_predivide_factor: float = 1.0,
                          num_groups: int = 0,
                          groups: Any = None,
                          sparse_as_dense: bool = False,
-                         process_set: Any = horovod.GLOBAL_PROCESS_SET,
+                         process_set: Any = None,
                          *,
                          model: Optional[torch.nn.Module] = None,
+                         transport: Optional[str] = None,
+                         process_group: Any = None,
                          policy: Optional[str] = None,
                          partition_bytes: Any = None,
                          group_bytes: Any = None,
@@ -270,19 +272,21 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          liveness_exit_seconds: Optional[float] = None):
     """Wrap ``optimizer`` so its gradients are all-reduced by the scheduler.
 
-    Arguments up to ``process_set`` are ``hvd.DistributedOptimizer``'s, with the same defaults
-    and meaning.  Keyword-only extras (each also settable by a ``DCREDIT_*`` variable):
+    Arguments up to ``process_set`` are ``hvd.DistributedOptimizer``'s, with the same meaning;
+    ``None`` is the transport's default (no compression, the mean, every rank).  Keyword-only
+    extras (each also settable by a ``DCREDIT_*`` variable; README "Configuration"):
 
     * ``model``: the ``torch.nn.Module`` being trained; lets the scheduler learn the order in
       which forward uses parameters (priority: nearest the input first).
+    * ``transport``: ``"horovod"`` or ``"torch.distributed"`` (default: Horovod if initialised,
+      else torch.distributed); ``process_group``: a torch.distributed group (``process_set``'s
+      counterpart).  ``DCREDIT_TRANSPORT``.
     * ``policy``: ``"dcredit"`` (default), ``"bytescheduler"`` or ``"wfbp"``.  ``DCREDIT_POLICY``.
-    * ``partition_bytes``: largest block in bytes as sent (``"4MiB"`` accepted).
+    * ``partition_bytes``, ``credit_bytes``: largest block (as sent), bytes in flight.
     * ``group_bytes``: ``dcredit`` sends runs of consecutive gradients smaller than this from
       one flat buffer (0: never); chosen by the planner unless given.
-    * ``credit_bytes``: bytes in flight under ``bytescheduler``.
-    * ``poll_seconds``: completion polling interval.
-    * ``stall_seconds``, ``stall_abort_seconds``: log blocks that have not completed after the
-      first, raise ``StallError`` after the second (0: wait for ever).
+    * ``poll_seconds``: completion polling interval; ``stall_seconds``,
+      ``stall_abort_seconds``: log, then raise ``StallError`` for, blocks not done by then.
     * ``profile_warmup``, ``profile_steps``: ``dcredit`` runs this many iterations under
       ``bytescheduler`` rules, then averages this many into the profile it plans from.
     * ``profile_out``: ``dcredit`` writes the measured profile and plan to this JSON file.
@@ -290,28 +294,45 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
       ``replan_seconds``:
       ``dcredit`` profiles again and switches every rank to a new plan when the iteration time
       or the link's speed stays off what they were under the plan (``drift.py``).
-    * ``cuda_staging``: CUDA gradients go through pinned host memory and Horovod's CPU
-      operations (True), or to Horovod as CUDA tensors (False); default: staged only when
-      Horovod has no GPU operations.  ``DCREDIT_CUDA_STAGING``.
-    * ``race_amplifier``: seconds; for tests, random sleeps up to this long in the background
-      thread and the overlapped updates, so that ordering bugs show (``amplifier.py``).
-      ``DCREDIT_RACE_AMPLIFIER``.
+    * ``cuda_staging``: CUDA gradients through pinned host memory and CPU operations (True)
+      or as CUDA tensors (False); default: staged when the library has no GPU operations.
+    * ``race_amplifier``: seconds of random sleeps in the background thread and the
+      overlapped updates, for tests: ordering bugs show (``amplifier.py``).
     * ``liveness``, ``liveness_interval``, ``liveness_timeout``, ``liveness_exit_seconds``: the
       heartbeat channel that turns a dead peer into ``PeerLostError`` within seconds
       (``liveness.py``); read by the first optimizer of a process set.  ``DCREDIT_LIVENESS*``.
     """
-    arguments.factory(op, gradient_predivide_factor, num_groups, groups,
-                      backward_passes_per_step, optimizer, model, horovod.AVERAGE, horovod.ADASUM)
     given = locals()      # the keyword extras are SchedulerConfig's fields, by name
     config = SchedulerConfig.resolve(**{name: given[name] for name in SchedulerConfig.ENV
                                         if name in given})
-    base = optimizer.__class__
+    library, group = _library(config, process_set, process_group)
+    op, compression = (library.AVERAGE if op is None else op,
+                       library.COMPRESSION_NONE if compression is None else compression)
+    arguments.factory(op, gradient_predivide_factor, num_groups, groups,
+                      backward_passes_per_step, optimizer, model, library.AVERAGE,
+                      library.ADASUM)
+    cls = _generated_class(optimizer.__class__, library)
+    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
+               op, gradient_predivide_factor, sparse_as_dense, library.transport(group), model,
+               config)
+
+
+def _library(config: SchedulerConfig, process_set: Any, process_group: Any) -> tuple[Any, Any]:
+    """The transport module (``transports.select``) and the group it reduces over."""
+    if process_set is not None and process_group is not None:
+        raise ValueError("dcredit_hvd: pass process_set (Horovod) or process_group "
+                         "(torch.distributed), not both")
+    group = process_set if process_set is not None else process_group
+    library = transports.select(config.transport, group)
+    return library, library.default_group() if group is None else group
+
+
+def _generated_class(base: type, library: Any) -> type:
+    """A subclass of the user's optimizer class with ``_DistributedOptimizer``'s methods."""
     namespace = dict(_DistributedOptimizer.__dict__)
     namespace["_dcredit_base"] = base
     # Horovod's broadcast_optimizer_state runs the *local* step() of optimizers whose module is
     # horovod.torch.optimizer, and the distributed one (a collective) otherwise; a local step is
     # what it needs, so the generated class declares that module, as Horovod's own does.
-    namespace["__module__"] = horovod.local_step_module()
-    cls = type(base.__name__, (base,), namespace)
-    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
-               op, gradient_predivide_factor, sparse_as_dense, process_set, model, config)
+    namespace["__module__"] = library.local_step_module()
+    return type(base.__name__, (base,), namespace)

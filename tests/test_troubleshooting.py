@@ -31,7 +31,7 @@ USER_FACING = ("optimizer.py", "config.py", "scheduler.py", "updates.py", "devic
                "agreement.py", "instances.py",
                "arguments.py", "checks.py", "gradients.py", "lifecycle.py", "lifetime.py",
                "overlap.py", "instrument.py", "runtime.py", "state.py", "units.py",
-               "transport.py", "transports/*.py")
+               "transport.py", "transports/*.py", "ordering.py", "sidechannel.py")
 
 #: (file, exception, start of the message or None for any): why it is not documented.
 SKIPPED = {

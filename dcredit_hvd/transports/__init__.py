@@ -1,29 +1,85 @@
 """One module per collective library, each implementing ``transport.Transport``.
 
 A module here provides ``accepts(group) -> bool`` (whether ``group``, the factory's
-``process_set`` argument, is one of its groups) and ``transport(group)``; ``for_group`` asks
-each module in turn, so a new library is a new module here and nothing else.
+``process_set`` / ``process_group`` argument, is one of its groups), ``transport(group)``,
+``is_initialized()`` and ``default_group()``, and the defaults of the factory's signature
+(``AVERAGE``, ``COMPRESSION_NONE``).  ``select`` finds the module, so a new library is a new
+module here and nothing else.  A module whose library is not installed is skipped (Horovod is
+optional: ``torchrun`` users need only torch).
 """
 from __future__ import annotations
 
 import importlib
 import pkgutil
-from typing import Any
+from types import ModuleType
+from typing import Any, Optional
 
 from ..transport import Transport
 
+#: The names users pass as ``transport=`` / ``DCREDIT_TRANSPORT``, and their modules.
+NAMES = {"horovod": "horovod", "torch.distributed": "torch_distributed"}
+#: What each library's module needs installed (a missing one makes its module unavailable).
+LIBRARIES = {"horovod": "horovod.torch", "torch_distributed": "torch.distributed"}
+
+NOTHING_INITIALIZED = (
+    "dcredit_hvd: no collective library is initialised. With Horovod: call hvd.init() first and "
+    "launch with horovodrun or mpirun. With torch.distributed: call "
+    "torch.distributed.init_process_group('gloo') (or 'nccl' for CUDA) first and launch with "
+    "torchrun. Or name one: transport='horovod' / 'torch.distributed' (DCREDIT_TRANSPORT)")
+
 
 def names() -> list[str]:
-    """The transport modules present, Horovod's first (it is the factory's default)."""
+    """The transport modules present, Horovod's first (the default when it is initialised)."""
     found = sorted(info.name for info in pkgutil.iter_modules(__path__))
     return sorted(found, key=lambda name: name != "horovod")
+
+
+def module(name: str) -> Optional[ModuleType]:
+    """The transport module ``name``, or None when its library is not installed."""
+    try:
+        return importlib.import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name and LIBRARIES.get(name, "").startswith(exc.name):
+            return None
+        raise
 
 
 def for_group(group: Any) -> Transport:
     """The transport of the first module that accepts ``group``."""
     for name in names():
-        module = importlib.import_module(f"{__name__}.{name}")
-        if module.accepts(group):
-            return module.transport(group)
+        found = module(name)
+        if found is not None and found.accepts(group):
+            return found.transport(group)
     raise TypeError(f"process_set must be a group of one of the transports ({', '.join(names())}), "
                     f"got {type(group).__name__}")
+
+
+def select(name: Optional[str], group: Any = None) -> ModuleType:
+    """The module the factory uses: ``name`` (``transport=``/``DCREDIT_TRANSPORT``) if given,
+    else the one that accepts ``group`` if given, else Horovod when it is initialised, else
+    ``torch.distributed`` when it is."""
+    if name:
+        if name not in NAMES:
+            raise ValueError(f"dcredit_hvd: transport={name!r} is not one of "
+                             f"{', '.join(map(repr, NAMES))} (DCREDIT_TRANSPORT)")
+        found = module(NAMES[name])
+        if found is None:
+            raise ValueError(f"dcredit_hvd: transport={name!r}, but {LIBRARIES[NAMES[name]]} is "
+                             "not installed: install it, or pick the other transport")
+        if group is not None and not found.accepts(group):
+            raise TypeError(f"dcredit_hvd: transport={name!r} cannot use a "
+                            f"{type(group).__name__} as its group")
+        return found
+    for candidate in names():
+        found = module(candidate)
+        if found is None:
+            continue
+        if group is not None:
+            if found.accepts(group):
+                return found
+        elif found.is_initialized():
+            return found
+    if group is not None:
+        raise TypeError(f"process_set/process_group must be a group of one of the transports "
+                        f"({', '.join(NAMES)}), got {type(group).__name__}")
+    raise RuntimeError(NOTHING_INITIALIZED)

@@ -36,6 +36,11 @@ GLOBAL_PROCESS_SET = hvd.global_process_set
 HorovodInternalError = hvd.HorovodInternalError
 
 
+def default_group() -> Any:
+    """``process_set=None``: Horovod's default, every rank."""
+    return GLOBAL_PROCESS_SET
+
+
 def rank() -> int:
     return hvd.rank()
 

@@ -1,0 +1,320 @@
+"""The ``torch.distributed`` transport: Gloo for CPU tensors, NCCL for CUDA ones; no Horovod.
+
+``TorchTransport`` implements ``transport.Transport`` over one process group (``torchrun``
+users' groups; ``None`` is the default group).  ``torch.distributed`` matches collectives by the
+order they are issued in, so every collective the scheduler submits goes through the group's
+``Channel``: rank 0 issues at once and publishes each entry over a side group; every other rank
+issues in that published order (``ordering.IssueOrder``, ``docs/design.md`` "One order without a
+coordinator").  One channel per group, shared by every optimizer over it.
+
+Two groups per channel, each used by one thread's order, so no two threads interleave on one:
+* the user's group carries every submitted all-reduce (issued under the order's lock, in rank
+  0's order);
+* ``objects`` (Gloo, made here): the training thread's object collectives (plan broadcast,
+  agreement checks, the liveness exchange), in program order on every rank.
+Rank 0's order reaches the followers over ``sidechannel.Star`` (one TCP connection each).
+
+Averaging is DDP's: the sum divided by the group's size (Gloo has no average op).  Public
+``torch.distributed`` API only.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import socket
+import threading
+import time
+from datetime import timedelta
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+from .. import handshake, interfaces, liveness
+from ..ordering import Entry, IssueOrder, OrderMismatchError, Submission
+from ..scheduler import PeerLostError
+from ..sidechannel import Star
+
+#: The reduction ops users pass as ``op`` (``None`` is the average, as in DDP).
+AVERAGE = dist.ReduceOp.AVG
+SUM = dist.ReduceOp.SUM
+#: No Adasum here (the factory refuses Horovod's only).
+ADASUM = object()
+#: ``torch.distributed``'s errors for a failed collective (a peer died, the group was destroyed).
+FAILURE = getattr(dist, "DistError", RuntimeError)
+#: The objects group's collectives wait this long (set-up only; the training thread's).
+SIDE_TIMEOUT = timedelta(minutes=30)
+#: ``DCREDIT_ORDER_TIMEOUT``: seconds of divergence evidence before ``OrderMismatchError``.
+ORDER_TIMEOUT_ENV = "DCREDIT_ORDER_TIMEOUT"
+
+
+class NoCompression:
+    """``compression=None`` on this transport: the gradient as it is (Horovod's
+    ``Compression.none``, which users without Horovod cannot import)."""
+
+    @staticmethod
+    def compress(tensor: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
+        return tensor
+
+
+COMPRESSION_NONE = NoCompression
+
+
+def order_timeout() -> float:
+    raw = os.environ.get(ORDER_TIMEOUT_ENV, "60")
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ValueError(f"{ORDER_TIMEOUT_ENV}={raw!r} must be a number of seconds > 0 (how long "
+                         "a follower waits for evidence of diverged collectives), e.g. 60")
+    return value
+
+
+def is_initialized() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def default_group() -> Any:
+    if not is_initialized():
+        raise RuntimeError(NOT_INITIALIZED)
+    return dist.group.WORLD
+
+
+NOT_INITIALIZED = (
+    "dcredit_hvd: transport='torch.distributed' needs torch.distributed initialised: call "
+    "torch.distributed.init_process_group('gloo') (CPU) or ('nccl') (CUDA) before building the "
+    "optimizer, and launch with torchrun (e.g. torchrun --nproc-per-node 2 train.py)")
+
+
+class Channel:
+    """The ordered stream of one group's collectives (one per group, in every process)."""
+
+    def __init__(self, group: Any) -> None:
+        self.group = group
+        self.ranks = dist.get_process_group_ranks(group)
+        self.rank = dist.get_rank(group)
+        self.size = len(self.ranks)
+        self.nccl = dist.get_backend(group) == "nccl"
+        # collective over the whole job (new_group's rule): every rank builds the channel
+        self.objects = dist.new_group(self.ranks, backend="gloo", timeout=SIDE_TIMEOUT)
+        self.order = IssueOrder(self.rank == 0, self._issue, self._post, order_timeout())
+        self.star: Optional[Star] = None
+        self._closed = False
+        if self.size > 1:
+            self._connect()
+            if self.rank != 0:
+                threading.Thread(target=self._receive, name="dcredit-order", daemon=True).start()
+            atexit.register(self.close)
+
+    def _connect(self) -> None:
+        """The side channel: rank 0's address and a fresh secret over the objects group."""
+        secret = self._broadcast(handshake.new_secret() if self.rank == 0 else None)
+        box = [socket.gethostname()] * self.size
+        dist.all_gather_object(box, socket.gethostname(), group=self.objects)
+        bind = interfaces.listen_address(liveness.settings().bind, single_host=len(set(box)) == 1)
+        self.star = Star(self.rank, self.size, secret, bind)
+        address = self._broadcast(self.star.address() if self.rank == 0 else None)
+        if self.rank == 0:
+            self.star.accept_followers()
+        else:
+            self.star.join(tuple(address))
+
+    def _broadcast(self, obj: Any) -> Any:
+        box = [obj]
+        dist.broadcast_object_list(box, src=self.ranks[0], group=self.objects)
+        return box[0]
+
+    def _issue(self, sub: Submission) -> Any:
+        """Start one all-reduce on the gradients' group (the order's lock is held)."""
+        tensor, op, prescale = sub.payload["wire"], sub.payload["op"], sub.payload["prescale"]
+        if prescale != 1.0:
+            tensor.mul_(prescale)
+        reduce = dist.ReduceOp.SUM if op == AVERAGE else op
+        return dist.all_reduce(tensor, op=reduce, group=self.group, async_op=True)
+
+    def _post(self, entry: Entry) -> None:
+        """Rank 0: publish what it just issued (the order's lock is held, so lines go out in
+        the issue order)."""
+        try:
+            self.star.send(entry.encode().encode() + b"\n")
+        except OSError:
+            pass        # a follower is gone: its collective fails, the liveness channel names it
+
+    def _receive(self) -> None:
+        """A follower's thread: rank 0's entries, in order, into the issue order."""
+        while True:
+            line = self.star.receive()
+            if line is None:
+                if not self._closed:
+                    self.order.fail(FAILURE("dcredit_hvd: rank 0's order of collectives ended "
+                                            "(rank 0 exited or its process died): nothing more "
+                                            "can be reduced"))
+                return
+            self.order.follow([Entry.decode(line.decode())])
+
+    def close(self) -> None:
+        """End the side channel (at exit): a follower's thread ends with it."""
+        self._closed = True
+        if self.star is not None:
+            self.star.close()
+
+
+#: One channel per group: ``id(group) -> (group, channel)`` (the group kept so its id is unique).
+_channels: dict[int, tuple[Any, Channel]] = {}
+_channels_lock = threading.Lock()
+
+
+def channel(group: Any) -> Channel:
+    with _channels_lock:
+        found = _channels.get(id(group))
+        if found is None or found[0] is not group:
+            found = _channels[id(group)] = (group, Channel(group))
+        return found[1]
+
+
+#: One liveness channel per group (built at the first optimizer over it, a collective).
+_peers: dict[int, Any] = {}
+
+
+class TorchTransport:
+    """``transport.Transport`` over one ``torch.distributed`` process group."""
+
+    failure = FAILURE
+    average = AVERAGE
+    sum = SUM
+    elastic = False       # torchrun restarts every worker; a group never changes its members
+
+    def __init__(self, group: Any = None) -> None:
+        self.group = default_group() if group is None else group
+        self.member = self.group is not dist.GroupMember.NON_GROUP_MEMBER
+        self.channel = channel(self.group) if self.member else None
+
+    def rank(self) -> int:
+        return self.channel.rank if self.member else -1
+
+    def size(self) -> int:
+        return self.channel.size if self.member else 0
+
+    def included(self) -> bool:
+        return self.member
+
+    def group_id(self) -> Any:
+        return tuple(self.channel.ranks) if self.member else ()
+
+    def job_rank(self) -> int:
+        return dist.get_rank()
+
+    def job_size(self) -> int:
+        return dist.get_world_size()
+
+    def is_up(self) -> bool:
+        return is_initialized()
+
+    def gpu_operations(self) -> bool:
+        return self.channel.nccl
+
+    # -- collectives ---------------------------------------------------------------------------
+    def submit(self, tensor: torch.Tensor, name: str, op: Any, prescale: float = 1.0,
+               postscale: float = 1.0) -> Submission:
+        if op not in (AVERAGE, SUM):
+            raise ValueError(f"dcredit_hvd: op={op!r} is not supported on torch.distributed: pass "
+                             "op=None or torch.distributed.ReduceOp.AVG (the mean, as DDP) or "
+                             "torch.distributed.ReduceOp.SUM")
+        if "\n" in name or "\t" in name:
+            raise ValueError(f"dcredit_hvd: collective name {name!r} holds a tab or newline")
+        wire = tensor
+        if self.channel.nccl and not tensor.is_cuda:       # set-up collectives' host tensors
+            wire = tensor.to(torch.device("cuda", torch.cuda.current_device()))
+        elif not self.channel.nccl and tensor.is_cuda:
+            raise ValueError("dcredit_hvd: a CUDA tensor on a Gloo group: stage it on the host "
+                             "(cuda_staging=True) or use an NCCL group")
+        scale = postscale / self.size() if op == AVERAGE else postscale
+        sub = Submission(Entry(name, tensor.numel(), str(tensor.dtype).replace("torch.", "")),
+                         {"wire": wire, "op": op, "prescale": prescale, "scale": scale,
+                          "out": tensor})
+        return self.channel.order.submit(sub)
+
+    def poll(self, handle: Submission) -> bool:
+        if handle.error is not None:
+            return True
+        if not handle.issued:
+            self.channel.order.check(handle)
+            return handle.error is not None
+        return handle.work.is_completed()
+
+    def collect(self, handle: Submission) -> torch.Tensor:
+        if handle.error is not None:
+            raise handle.error
+        handle.work.wait()
+        wire, out, scale = handle.payload["wire"], handle.payload["out"], handle.payload["scale"]
+        if scale != 1.0:
+            wire.mul_(scale)
+        if wire is not out:
+            out.copy_(wire)
+        handle.payload = None
+        return out
+
+    def wait(self, handle: Submission, poll_seconds: float = 0.0002) -> torch.Tensor:
+        while not self.poll(handle):
+            time.sleep(poll_seconds)
+            lost = _peers.get(id(self.group))
+            if lost is not None and lost.lost:
+                raise PeerLostError.from_events(lost.lost)
+        return self.collect(handle)
+
+    def broadcast_object(self, obj: Any, name: str, root: int = 0) -> Any:
+        box = [obj if self.rank() == root else None]
+        dist.broadcast_object_list(box, src=self.channel.ranks[root], group=self.channel.objects)
+        return box[0]
+
+    def allgather_object(self, obj: Any, name: str) -> list:
+        out: list = [None] * self.size()
+        dist.all_gather_object(out, obj, group=self.channel.objects)
+        return out
+
+    def issue_log(self) -> list[str]:
+        """The names this rank issued on the group, in order (the last ``LOG_ENTRIES``)."""
+        return list(self.channel.order.log)
+
+    def watch_peers(self, settings: Any = None) -> Any:
+        """The liveness channel among the group's ranks, as in ``transports/horovod.py``:
+        rank 0's secret over the objects group, each rank's address all-gathered."""
+        config = liveness.settings() if settings is None else settings
+        if not config.enabled or self.size() < 2 or not self.member:
+            return None
+        key = id(self.group)
+        if key not in _peers:
+            secret = self.broadcast_object(handshake.new_secret() if self.rank() == 0 else None,
+                                           "dcredit.liveness.secret")
+            hosts = self.allgather_object(socket.gethostname(), "dcredit.liveness.hosts")
+            bind = interfaces.listen_address(config.bind, single_host=len(set(hosts)) == 1)
+            peers = liveness.Liveness(self.rank(), self.size(), config, secret=secret, bind=bind,
+                                      exit_on_loss=True, needed=is_initialized)
+            peers.start(self.allgather_object(peers.address(), "dcredit.liveness"))
+            _peers[key] = peers
+        return _peers[key]
+
+
+def local_step_module() -> str:
+    """The generated class's ``__module__``: this package's (no Horovod to satisfy)."""
+    return "dcredit_hvd.optimizer"
+
+
+def accepts(group: Any) -> bool:
+    """``torch.distributed``'s groups (``ProcessGroup``; ``None`` is not one: the default
+    group is chosen by name, ``transport='torch.distributed'``)."""
+    return is_initialized() and isinstance(group, dist.ProcessGroup)
+
+
+def transport(group: Any) -> TorchTransport:
+    return TorchTransport(group)
+
+
+__all__ = ["AVERAGE", "SUM", "COMPRESSION_NONE", "FAILURE", "OrderMismatchError",
+           "TorchTransport", "accepts", "transport", "default_group", "is_initialized"]
