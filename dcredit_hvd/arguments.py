@@ -64,9 +64,10 @@ def model_owns(model: torch.nn.Module, updated: list, names: dict) -> None:
 
 
 def factory(op: Any, predivide: float, num_groups: int, groups: Any, passes: int,
-            optimizer: Any, model: Any, average: Any, adasum: Any) -> None:
-    """The factory's own checks, in Horovod's order and with its texts."""
-    if predivide != 1.0 and op != average:
+            optimizer: Any, model: Any, library: Any) -> None:
+    """The factory's own checks, in Horovod's order and with its texts; then the transport
+    module's (``library.check_op``)."""
+    if predivide != 1.0 and op != library.AVERAGE:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if num_groups != 0:
         warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed "
@@ -80,7 +81,7 @@ def factory(op: Any, predivide: float, num_groups: int, groups: Any, passes: int
             "num_groups=), or use hvd.DistributedOptimizer.")
     if passes <= 0:
         raise ValueError("backward_passes_per_step must be > 0")
-    if op == adasum:
+    if op == library.ADASUM:
         raise NotImplementedError(
             "op=hvd.Adasum is not supported by dcredit_hvd (Adasum reduces optimizer deltas, "
             "not gradients); use hvd.DistributedOptimizer(op=hvd.Adasum)")
@@ -88,3 +89,4 @@ def factory(op: Any, predivide: float, num_groups: int, groups: Any, passes: int
         raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
     if model is not None and not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    library.check_op(op)

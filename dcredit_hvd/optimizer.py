@@ -309,8 +309,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     op, compression = (library.AVERAGE if op is None else op,
                        library.COMPRESSION_NONE if compression is None else compression)
     arguments.factory(op, gradient_predivide_factor, num_groups, groups,
-                      backward_passes_per_step, optimizer, model, library.AVERAGE,
-                      library.ADASUM)
+                      backward_passes_per_step, optimizer, model, library)
     cls = _generated_class(optimizer.__class__, library)
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
                op, gradient_predivide_factor, sparse_as_dense, library.transport(group), model,

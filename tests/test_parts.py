@@ -3,6 +3,8 @@
 ``overlap``, ``instrument``, ``lifetime``, ``arguments``, ``runtime``."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -282,14 +284,19 @@ def test_named_parameters_are_checked_as_horovod_does():
         arguments.model_owns(torch.nn.Linear(1, 1), [a], {a: "x"})
 
 
-def test_the_factory_checks_keep_horovods_order():
+def test_the_factory_checks_keep_horovods_order_then_ask_the_transport():
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    asked = []
+    library = SimpleNamespace(AVERAGE="average", ADASUM="adasum", check_op=asked.append)
     with pytest.raises(ValueError, match="gradient_predivide_factor"):
-        arguments.factory("sum", 2.0, 0, [1], 0, opt, None, "average", "adasum")
+        arguments.factory("sum", 2.0, 0, [1], 0, opt, None, library)
     with pytest.raises(NotImplementedError, match="groups/num_groups"):
-        arguments.factory("average", 1.0, 0, [1], 0, opt, None, "average", "adasum")
+        arguments.factory("average", 1.0, 0, [1], 0, opt, None, library)
     with pytest.raises(NotImplementedError, match="Adasum"):
-        arguments.factory("adasum", 1.0, 0, None, 1, opt, None, "average", "adasum")
+        arguments.factory("adasum", 1.0, 0, None, 1, opt, None, library)
+    assert asked == []
+    arguments.factory("sum", 1.0, 0, None, 1, opt, None, library)
+    assert asked == ["sum"]
 
 
 def test_the_initial_order_is_the_naming_order():

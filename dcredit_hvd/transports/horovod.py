@@ -36,6 +36,10 @@ GLOBAL_PROCESS_SET = hvd.global_process_set
 HorovodInternalError = hvd.HorovodInternalError
 
 
+def check_op(op: Any) -> None:
+    """Horovod's own rules apply (``arguments.factory``; Adasum is refused there)."""
+
+
 def default_group() -> Any:
     """``process_set=None``: Horovod's default, every rank."""
     return GLOBAL_PROCESS_SET

@@ -76,6 +76,14 @@ def order_timeout() -> float:
     return value
 
 
+def check_op(op: Any) -> None:
+    """The factory's check (at construction, before any gradient): the mean or the sum."""
+    if op not in (AVERAGE, SUM):
+        raise ValueError(f"dcredit_hvd: op={op!r} is not supported on torch.distributed: pass "
+                         "op=None or torch.distributed.ReduceOp.AVG (the mean, as DDP) or "
+                         "torch.distributed.ReduceOp.SUM")
+
+
 def is_initialized() -> bool:
     return dist.is_available() and dist.is_initialized()
 
@@ -141,6 +149,8 @@ class Channel:
     def _post(self, entry: Entry) -> None:
         """Rank 0: publish what it just issued (the order's lock is held, so lines go out in
         the issue order)."""
+        if self.star is None:           # a group of one: nobody follows
+            return
         try:
             self.star.send(entry.encode().encode() + b"\n")
         except OSError:
@@ -222,10 +232,7 @@ class TorchTransport:
     # -- collectives ---------------------------------------------------------------------------
     def submit(self, tensor: torch.Tensor, name: str, op: Any, prescale: float = 1.0,
                postscale: float = 1.0) -> Submission:
-        if op not in (AVERAGE, SUM):
-            raise ValueError(f"dcredit_hvd: op={op!r} is not supported on torch.distributed: pass "
-                             "op=None or torch.distributed.ReduceOp.AVG (the mean, as DDP) or "
-                             "torch.distributed.ReduceOp.SUM")
+        check_op(op)
         if "\n" in name or "\t" in name:
             raise ValueError(f"dcredit_hvd: collective name {name!r} holds a tab or newline")
         wire = tensor
