@@ -5,16 +5,17 @@ setup(
     name="dcredit_hvd",
     version="0.1.0",
     description="D-Credit gradient communication scheduling as a drop-in "
-    "replacement for horovod.torch.DistributedOptimizer",
+    "replacement for horovod.torch.DistributedOptimizer, on Horovod or torch.distributed",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["dcredit_hvd", "dcredit_hvd.*"]),
     # the replay profiles of the emulated cluster (dcredit_hvd.replay.shipped)
     package_data={"dcredit_hvd": ["profiles/*.json"]},
     python_requires=">=3.9",
-    # Horovod is built from source against the installed torch (scripts/install.sh);
-    # listing it here would make pip try a build of its own without the C++17 fix.
-    install_requires=["torch>=2.1", "numpy", "mpi4py"],
-    extras_require={"test": ["pytest", "hypothesis", "transformers"]},
+    # torch alone gives the torch.distributed transport (torchrun). Horovod is built from
+    # source against the installed torch (scripts/install.sh, `make install`); listing it here
+    # would make pip try a build of its own without the C++17 fix.
+    install_requires=["torch>=2.1", "numpy"],
+    extras_require={"horovod": ["mpi4py"], "test": ["pytest", "hypothesis", "transformers", "peft"]},
     license="Apache-2.0",
 )
