@@ -7,9 +7,11 @@ through the shaped NICs (their tbf counters grow by what was sent, the loopback'
 Everything the script creates is gone after success, failure and SIGTERM. Under
 ``--rate-schedule`` every NIC follows the schedule (raw TCP in each phase within 15% of its rate,
 every tbf at it, the queue rule kept, no drops), the log gives the switch times, bad schedules are
-refused before anything is made, and the scheduler goes with the rest. A rate is a wall-clock
-figure, so each rate check is met in the best of three runs (``best_of``); the rest holds on every
-run. Needs root (CI runs as
+refused before anything is made, and the scheduler goes with the rest.
+``scripts/torchrun_cluster.sh`` starts one ``torchrun`` per host (each rank on its own host, Gloo
+on the shaped NIC, a ``dcredit_hvd`` step over ``torch.distributed`` exact on both) and stops
+every host when one fails or it is signalled. A rate is a wall-clock figure, so each rate check
+is met in the best of three runs (``best_of``); the rest holds on every run. Needs root (CI runs as
 root); the refusal without root is checked either way.
 """
 from __future__ import annotations
@@ -329,3 +331,96 @@ def test_rate_scheduler_removed_on_early_end_failure_sigterm_and_sigint() -> Non
         proc.communicate(timeout=30)
         assert proc.returncode == status
         assert leftovers(f"vc{proc.pid}-") == [] and marked(token) == []
+
+
+# ------------------------------------------------------------- torchrun on the virtual cluster
+TORCHRUN_CLUSTER = ROOT / "scripts" / "torchrun_cluster.sh"
+TORCHRUN_PROBE = ROOT / "tests" / "vcluster_torchrun_probe.py"
+#: Runs after torchrun_cluster.sh in the test's command on h0: its status, then every process
+#: still carrying the test's mark (the wrapper's own shell execs into this without it).
+LEFT_OVER = ("import json, sys; sys.path.insert(0, 'tests'); from test_vcluster import marked; "
+             "print('LEFT', json.dumps([c for c in marked(sys.argv[1]) if 'vcluster.sh' not in c]))")
+
+
+def test_torchrun_cluster_refuses_bad_input_with_the_fix() -> None:
+    """Before starting anything: outside the cluster, more hosts than it has, bad options."""
+    script = str(TORCHRUN_CLUSTER)
+    for args, extra, message in (
+            (["2", "true"], {}, "run this under scripts/vcluster.sh"),
+            (["3", "true"], {"VCLUSTER_HOSTS": "h0,h1"}, "this cluster has 2 host(s)"),
+            (["0", "true"], {"VCLUSTER_HOSTS": "h0"}, "N must be a host count"),
+            (["--port", "http", "1", "true"], {"VCLUSTER_HOSTS": "h0"}, "--port must be"),
+            (["-x", "DCREDIT_UNSET_IN_TEST", "1", "true"], {"VCLUSTER_HOSTS": "h0"},
+             "-x DCREDIT_UNSET_IN_TEST: DCREDIT_UNSET_IN_TEST is not set here"),
+            (["1", "true"], {"VCLUSTER_HOSTS": "h0", "TORCHRUN": "/nonexistent/torchrun"},
+             "set TORCHRUN=/path/to/torchrun"),
+            (["2"], {"VCLUSTER_HOSTS": "h0,h1"}, "usage:")):
+        environ = env()
+        environ.pop("VCLUSTER_HOSTS", None)
+        environ.update(extra)
+        result = subprocess.run([script, *args], capture_output=True, text=True, env=environ,
+                                timeout=30, cwd=ROOT)
+        assert result.returncode == 2, (args, result.stderr)
+        assert message in result.stderr, (args, result.stderr)
+
+
+@ROOT_ONLY
+def test_torchrun_cluster_trains_dcredit_on_torch_distributed_one_rank_per_host() -> None:
+    """One torchrun per host: each rank on its own host, Gloo on the shaped eth0, and a
+    dcredit_hvd optimizer over torch.distributed that leaves both ranks with the parameters of
+    one process trained on both ranks' batches."""
+    result = vcluster("2", RATE, "--", str(TORCHRUN_CLUSTER), "2", sys.executable,
+                      str(TORCHRUN_PROBE), timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    ranks = probes(result.stdout)
+    assert [p["hostname"] for p in ranks] == ["h0", "h1"], result.stdout
+    mine = os.readlink("/proc/self/ns/net")
+    assert len({p["netns"] for p in ranks} | {mine}) == 3, (mine, ranks)
+    for p in ranks:
+        assert p["gloo_ifname"] == "eth0", p
+        # the all-reduce's bytes left through the host's shaped NIC, not a loopback
+        assert p["allreduce_bytes"] <= p["tbf_bytes"] <= 1.2 * p["allreduce_bytes"], p
+        assert p["lo_bytes"] < 0.01 * p["allreduce_bytes"] and p["tbf_drops"] == 0, p
+        assert p["transport"] == "TorchTransport", p
+        assert p["max_diff_ranks"] == 0.0 and p["max_diff_reference"] < 1e-6, p
+        assert p["moved"] > 1e-3, p          # the steps did update the parameters
+
+
+def torchrun_cluster_run(script: str, tmp_path: Path, **extra: str) -> tuple[int, list[str]]:
+    """Runs ``script`` (bash, which calls torchrun_cluster.sh with the mark passed on) on h0 of a
+    2-host cluster; returns torchrun_cluster.sh's status and the marked processes left after
+    it ended, while the cluster (whose clean-up would hide them) still runs."""
+    token = uuid.uuid4().hex
+    wrapper = tmp_path / "wrapper.sh"
+    wrapper.write_text(f"{script}\nstatus=$?\necho \"STATUS $status\"\n"
+                       f"exec env -u VCLUSTER_TEST_MARK {sys.executable} -c \"{LEFT_OVER}\" "
+                       f"{token}\n")
+    result = vcluster("2", RATE, "--", "bash", str(wrapper), timeout=120,
+                      VCLUSTER_TEST_MARK=token, **extra)
+    assert result.returncode == 0, result.stdout + result.stderr
+    status = next(line for line in result.stdout.splitlines() if line.startswith("STATUS "))
+    left = next(line for line in result.stdout.splitlines() if line.startswith("LEFT "))
+    return int(status.split()[1]), json.loads(left.split(" ", 1)[1])
+
+
+@ROOT_ONLY
+def test_torchrun_cluster_stops_every_host_on_a_failure_and_a_signal(tmp_path: Path) -> None:
+    """A host's failure ends the launch with its status and stops the other hosts; SIGTERM
+    reaches every torchrun; one that ignores it is killed with its workers after --grace."""
+    launch = f"{TORCHRUN_CLUSTER} -x VCLUSTER_TEST_MARK"
+    wait_for = ("for i in $(seq 300); do [ \"$(pgrep -fxc 'sleep {0}')\" -ge 2 ] && break; "
+                "sleep 0.1; done; kill -TERM $p; wait $p")
+    # rank 1 fails at once while rank 0 would sleep a minute: torchrun says 1 on a failed worker
+    failing = (f"{launch} 2 sh -c 'if [ \"$RANK\" = 1 ]; then exit 3; fi; exec sleep 615'")
+    began = time.monotonic()
+    assert torchrun_cluster_run(failing, tmp_path) == (1, [])
+    assert time.monotonic() - began < 60
+    signalled = f"{launch} 2 sleep 616 & p=$!; {wait_for.format(616)}"
+    assert torchrun_cluster_run(signalled, tmp_path) == (143, [])
+    # a torchrun that ignores SIGTERM and has a worker in a session of its own
+    stubborn = tmp_path / "stubborn_torchrun"
+    stubborn.write_text("#!/bin/bash\ntrap '' TERM\nsetsid sleep 617 &\nsleep 617 &\nwait\n")
+    stubborn.chmod(0o755)
+    ignored = f"{launch} --grace 1 2 true & p=$!; {wait_for.format(617)}"
+    status, left = torchrun_cluster_run(ignored, tmp_path, TORCHRUN=str(stubborn))
+    assert (status, left) == (143, []), left
