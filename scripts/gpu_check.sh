@@ -16,7 +16,8 @@
 #              run two ranks on one GPU); Gloo for CPU operations, MPI only if the machine has it
 #   parity     tests/multirank/test_cuda.py on 2 ranks sharing the GPU (horovodrun --gloo): with
 #              the NCCL build and DCREDIT_CUDA_STAGING=1, then (last) with the host build and the
-#              default path; the direct NCCL path on 1 rank; OUTDIR/parity.txt
+#              default path; the direct NCCL path on 1 rank; the torch.distributed transport
+#              over NCCL on 1 rank (scripts/nccl_transport_check.py); OUTDIR/parity.txt
 #   bench      python -m dcredit_hvd.bench --device cuda on 2 ranks (host build): dcredit_hvd's
 #              policies against plain Horovod; OUTDIR/bench.txt, OUTDIR/bench.json
 #   summary    OUTDIR/summary.txt; logs and profiles packed into OUTDIR/details.tar.gz
@@ -400,6 +401,16 @@ if passed install-nccl; then
     cat "$LOGS/direct_smoke.log" >>"$PARITY"
 else
     record direct-nccl FAIL 0 "install-nccl failed"
+fi
+echo >>"$PARITY"
+# The torch.distributed transport's NCCL path, one rank (NCCL allows one rank per GPU).
+echo "(a'') torch.distributed transport over NCCL, 1 rank: scripts/nccl_transport_check.py" >>"$PARITY"
+if passed install-nccl; then
+    run nccl-transport 60 "$LOGS/nccl_transport.log" env PATH="$VNCCL/bin:$PATH" \
+        GPU_CHECK_ALLOW_CPU="$ALLOW_CPU" python "$ROOT/scripts/nccl_transport_check.py"
+    cat "$LOGS/nccl_transport.log" >>"$PARITY"
+else
+    record nccl-transport FAIL 0 "install-nccl failed"
 fi
 echo >>"$PARITY"
 
