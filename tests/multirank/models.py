@@ -1,69 +1,27 @@
-"""Small models and a training loop shared by the multi-rank tests."""
+"""Small models and a training loop shared by the multi-rank tests (Horovod's rank bound in;
+the model and the loop themselves are ``small_models.py``, shared with ``tests/torchrun``)."""
 from __future__ import annotations
 
 from typing import Callable
 
 import horovod.torch as hvd
+import small_models
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
+from small_models import SmallNet, max_rel_diff, params_close
 
-
-class SmallNet(nn.Module):
-    """Convolution, batch norm, linear layers; one frozen parameter; one parameter (``extra``)
-    used on rank 0 only, so rank 1 never computes its gradient."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(3, 8, 3, padding=1)
-        self.bn = nn.BatchNorm2d(8)
-        self.proj = nn.Linear(8 * 8 * 8, 64)
-        self.proj.weight.requires_grad_(False)      # frozen
-        self.head = nn.Linear(64, 10)
-        self.extra = nn.Linear(64, 10)              # unused on rank 1
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.relu(self.bn(self.conv(x)))
-        x = F.relu(self.proj(x.flatten(1)))
-        out = self.head(x)
-        if hvd.rank() == 0:
-            out = out + self.extra(x)
-        return out
+__all__ = ["SmallNet", "batches", "make_model", "max_rel_diff", "params_close", "train"]
 
 
 def make_model(seed: int = 7) -> SmallNet:
-    torch.manual_seed(seed)
-    return SmallNet()
+    return small_models.make_model(seed, rank=hvd.rank())
 
 
-def batches(steps: int, passes: int = 1, batch: int = 4):
-    gen = torch.Generator().manual_seed(1000 + hvd.rank())
-    return [[(torch.randn(batch, 3, 8, 8, generator=gen),
-              torch.randint(0, 10, (batch,), generator=gen)) for _ in range(passes)]
-            for _ in range(steps)]
+def batches(steps: int, passes: int = 1, batch: int = 4) -> small_models.Batches:
+    return small_models.batches(steps, passes, batch, rank=hvd.rank())
 
 
-def train(model: nn.Module, opt: torch.optim.Optimizer, steps: int = 5, passes: int = 1,
+def train(model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int = 5, passes: int = 1,
           before_step: Callable[[torch.optim.Optimizer], None] | None = None,
           after_step: Callable[[], None] | None = None) -> list[torch.Tensor]:
-    for micro in batches(steps, passes):
-        opt.zero_grad()      # Horovod's zero_grad takes no arguments (horovod#3405)
-        for x, y in micro:
-            F.cross_entropy(model(x), y).backward()
-        if before_step is not None:
-            before_step(opt)
-        else:
-            opt.step()
-        if after_step is not None:
-            after_step()
-    # Through state_dict(), as a checkpoint reads them: it must see every update applied.
-    return [v.detach().clone() for v in model.state_dict().values()]
-
-
-def max_rel_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
-    return max(float(((x - y).abs() / (y.abs() + 1e-12)).max()) for x, y in zip(a, b))
-
-
-def params_close(a: list[torch.Tensor], b: list[torch.Tensor], rtol: float = 1e-5,
-                 atol: float = 1e-7) -> bool:
-    return len(a) == len(b) and all(torch.allclose(x, y, rtol=rtol, atol=atol) for x, y in zip(a, b))
+    return small_models.train(model, opt, steps, passes, before_step, after_step,
+                              rank=hvd.rank())
