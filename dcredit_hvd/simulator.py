@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -164,7 +164,8 @@ class _Iteration:
 
 
 class _Engine:
-    """The gate + Horovod loop.  State that survives an iteration: the cycle grid."""
+    """The gate + Horovod loop.  State that survives an iteration: the cycle grid, and a cycle
+    start booked but not reached when the iteration's last block completed (carried over)."""
 
     def __init__(self, profile: Profile, cost: CostModel, policy: Policy,
                  layouts: Sequence[TensorLayout], cycle_s: float, fusion_bytes: int) -> None:
@@ -177,7 +178,7 @@ class _Engine:
         self.grid = 0.0                       # start of the last Horovod cycle that ran
         self.carried_tick: float | None = None
 
-    def _next_tick(self, now: float) -> float:
+    def next_tick(self, now: float) -> float:
         """First cycle start after the last one that ran, not before ``now`` (Horovod idles
         on a fixed grid of ``cycle_s`` from its last cycle start)."""
         if self.cycle <= 0:
@@ -187,96 +188,117 @@ class _Engine:
 
     def iteration(self, t0: float) -> _Iteration:
         """One iteration's communication; backward starts at ``t0``."""
-        policy, layouts, cost, fusion = self.policy, self.layouts, self.cost, self.fusion
-        L = len(layouts)
-        events: list[tuple[float, int, int, Any]] = []
-        seq = 0
+        return _Run(self, t0).run()
+
+
+class _Run:
+    """One iteration of an ``_Engine``: the events (gradients ready, cycle starts, all-reduces
+    ending) in time order, the gate's queue, and the blocks released but waiting for a cycle."""
+
+    def __init__(self, engine: _Engine, t0: float) -> None:
+        self.engine, self.policy = engine, engine.policy
+        L = len(engine.layouts)
+        self.events: list[tuple[float, int, int, Any]] = []
+        self.seq = 0                                      # ties: the order events were booked
         for l in range(L - 1, -1, -1):
-            events.append((t0 + self.ready[l], _READY, seq, l))
-            seq += 1
-        tick_at = self.carried_tick
-        self.carried_tick = None
-        if tick_at is not None:
-            events.append((tick_at, _TICK, seq, None))
-            seq += 1
-        heapq.heapify(events)
+            self.events.append((t0 + engine.ready[l], _READY, self.seq, l))
+            self.seq += 1
+        self.tick_at = engine.carried_tick                # the next cycle start booked, if any
+        engine.carried_tick = None
+        if self.tick_at is not None:
+            self.events.append((self.tick_at, _TICK, self.seq, None))
+            self.seq += 1
+        heapq.heapify(self.events)
+        self.queue: list[tuple[int, int, Block]] = []     # ready, not released
+        self.pending: list[Block] = []                    # released, waiting for a Horovod cycle
+        self.remaining = [len(layout.blocks) for layout in engine.layouts]
+        self.outstanding = sum(self.remaining)
+        self.readies_left = L
+        self.result = _Iteration([math.nan] * L, t0, 0.0)
 
-        queue: list[tuple[int, int, Block]] = []     # ready, not released
-        pending: list[Block] = []                    # released, waiting for a Horovod cycle
-        remaining = [len(layout.blocks) for layout in layouts]
-        outstanding = sum(remaining)
-        done = [math.nan] * L
-        readies_left = L
-        result = _Iteration(done, t0, 0.0)
-        policy.start_iteration()
-
-        def pump(now: float) -> None:
-            nonlocal tick_at, seq
-            while queue and policy.admit(queue[0][2]):
-                pending.append(heapq.heappop(queue)[2])
-            if pending and tick_at is None:
-                tick_at = self._next_tick(now)
-                heapq.heappush(events, (tick_at, _TICK, seq, None))
-                seq += 1
-
-        while events:
-            if outstanding == 0 and readies_left == 0:
+    def run(self) -> _Iteration:
+        """Every event in time order until each block completed; a stall is an error."""
+        self.policy.start_iteration()
+        while self.events:
+            if self.outstanding == 0 and self.readies_left == 0:
                 break  # only the next (idle) cycle start is left: carry it over
-            now, kind, _, data = heapq.heappop(events)
+            now, kind, _, data = heapq.heappop(self.events)
             if kind == _READY:
-                l = data
-                readies_left -= 1
-                for block in layouts[l].blocks:
-                    heapq.heappush(queue, (block.tensor, block.index, block))
-                policy.on_ready(l)
-                pump(now)
-                if l == 0:
-                    policy.on_backward_end()
-                    pump(now)
+                self._ready(data, now)
             elif kind == _TICK:
-                tick_at = None
-                self.grid = now
-                if not pending:
-                    continue
-                start = now
-                group: list[Block] = []
-                size = 0
-                for block in pending + [None]:  # type: ignore[list-item]
-                    if group and (block is None or fusion <= 0 or size + block.nbytes > fusion):
-                        end = start + cost.time(size)
-                        op = Op(start, end, size, tuple(b.key for b in group))
-                        result.ops.append(op)
-                        result.busy += end - start
-                        heapq.heappush(events, (end, _END, seq, group))
-                        seq += 1
-                        start, group, size = end, [], 0
-                    if block is not None:
-                        group.append(block)
-                        size += block.nbytes
-                pending.clear()
-                tick_at = start if self.cycle <= 0 else max(now + self.cycle, start)
-                heapq.heappush(events, (tick_at, _TICK, seq, None))
-                seq += 1
+                self._cycle(now)
             else:
-                for block in data:
-                    t = block.tensor
-                    remaining[t] -= 1
-                    if remaining[t] < 0:
-                        raise AssertionError(f"block {block.key} of {block.name} sent twice")
-                    if remaining[t] == 0:
-                        done[t] = now
-                    outstanding -= 1
-                    policy.on_complete(block)
-                result.last_end = max(result.last_end, now)
-                pump(now)
-
-        if outstanding or readies_left:
-            stuck = [b.name for _, _, b in sorted(queue)[:3]]
+                self._complete(data, now)
+        if self.outstanding or self.readies_left:
+            stuck = [b.name for _, _, b in sorted(self.queue)[:3]]
             raise SimulationStalled(
-                f"{policy.describe()} stalled: {outstanding} block(s) never completed; the policy "
-                f"refuses the queue head with nothing in flight (queued: {stuck}...)")
-        self.carried_tick = tick_at
-        return result
+                f"{self.policy.describe()} stalled: {self.outstanding} block(s) never completed; "
+                f"the policy refuses the queue head with nothing in flight (queued: {stuck}...)")
+        self.engine.carried_tick = self.tick_at
+        return self.result
+
+    def _book(self, when: float, kind: int, data: Any) -> None:
+        heapq.heappush(self.events, (when, kind, self.seq, data))
+        self.seq += 1
+
+    def _pump(self, now: float) -> None:
+        """Release the queue's head while the policy admits it; the first block released
+        books the next cycle start."""
+        while self.queue and self.policy.admit(self.queue[0][2]):
+            self.pending.append(heapq.heappop(self.queue)[2])
+        if self.pending and self.tick_at is None:
+            self.tick_at = self.engine.next_tick(now)
+            self._book(self.tick_at, _TICK, None)
+
+    def _ready(self, l: int, now: float) -> None:
+        """Gradient ``l`` is ready: its blocks join the queue (tensor 0 ends backward)."""
+        self.readies_left -= 1
+        for block in self.engine.layouts[l].blocks:
+            heapq.heappush(self.queue, (block.tensor, block.index, block))
+        self.policy.on_ready(l)
+        self._pump(now)
+        if l == 0:
+            self.policy.on_backward_end()
+            self._pump(now)
+
+    def _cycle(self, now: float) -> None:
+        """A Horovod cycle starts: it takes every released block, fuses them in order into
+        buffers of at most ``fusion_bytes`` and runs those all-reduces back to back."""
+        engine = self.engine
+        self.tick_at = None
+        engine.grid = now
+        if not self.pending:
+            return
+        start = now
+        group: list[Block] = []
+        size = 0
+        for block in self.pending + [None]:  # type: ignore[list-item]
+            if group and (block is None or engine.fusion <= 0 or size + block.nbytes > engine.fusion):
+                end = start + engine.cost.time(size)
+                self.result.ops.append(Op(start, end, size, tuple(b.key for b in group)))
+                self.result.busy += end - start
+                self._book(end, _END, group)
+                start, group, size = end, [], 0
+            if block is not None:
+                group.append(block)
+                size += block.nbytes
+        self.pending.clear()
+        self.tick_at = start if engine.cycle <= 0 else max(now + engine.cycle, start)
+        self._book(self.tick_at, _TICK, None)
+
+    def _complete(self, blocks: list[Block], now: float) -> None:
+        """One all-reduce ended: its blocks are done, the policy hears of each."""
+        for block in blocks:
+            t = block.tensor
+            self.remaining[t] -= 1
+            if self.remaining[t] < 0:
+                raise AssertionError(f"block {block.key} of {block.name} sent twice")
+            if self.remaining[t] == 0:
+                self.result.done[t] = now
+            self.outstanding -= 1
+            self.policy.on_complete(block)
+        self.result.last_end = max(self.result.last_end, now)
+        self._pump(now)
 
 
 def _layouts(profile: Profile, partition_bytes: int | None) -> list[TensorLayout]:
@@ -424,7 +446,34 @@ def simulate(profile: Profile, cost: CostModel, policy: str | Policy, *,
     obj.bind(layouts)
     profile = with_block_overhead(profile, layouts, block_overhead_s)
     engine = _Engine(profile, cost, obj, layouts, cycle_s, fusion_bytes)
+    starts, busy, ops, last = _iterate(engine, profile, overlap_forward, warmup, iterations)
+    t0 = starts[-2]
+    trace = tuple(Op(o.start - t0, o.end - t0, o.nbytes, o.blocks) for o in last.ops)
+    return SimResult(
+        policy=label,
+        description="horovod(DistributedOptimizer)" if label == "horovod" else obj.describe(),
+        iteration_s=(starts[-1] - starts[warmup]) / iterations,
+        compute_s=compute,
+        link_busy_s=busy / iterations,
+        lower_bound_s=bound,
+        ops_per_iteration=ops / iterations,
+        blocks_per_iteration=sum(len(layout.blocks) for layout in layouts),
+        partition_bytes=part,
+        overlap_forward=overlap_forward,
+        fusion_bytes=fusion_bytes,
+        cycle_s=cycle_s,
+        trace=trace,
+        plan=getattr(obj, "plan", None),
+    )
 
+
+def _iterate(engine: _Engine, profile: Profile, overlap_forward: bool, warmup: int,
+             iterations: int) -> tuple[list[float], float, float, _Iteration]:
+    """Run ``warmup + iterations`` iterations back to back: each backward starts when the
+    previous iteration's forward ends, which waits for every all-reduce and update
+    (``overlap_forward=False``) or, layer by layer, for its own tensor's (True).  Returns every
+    iteration's start, then the link busy seconds and all-reduces summed over the measured
+    iterations, and the last iteration."""
     t_f = profile.t_f
     t_u = profile.t_u or (0.0,) * profile.num_tensors
     fwd, bwd, upd = profile.forward_time, profile.backward_time, sum(t_u)
@@ -447,24 +496,7 @@ def simulate(profile: Profile, cost: CostModel, policy: str | Policy, *,
             ops += len(it.ops)
             last = it
     assert last is not None
-    t0 = starts[-2]
-    trace = tuple(Op(o.start - t0, o.end - t0, o.nbytes, o.blocks) for o in last.ops)
-    return SimResult(
-        policy=label,
-        description="horovod(DistributedOptimizer)" if label == "horovod" else obj.describe(),
-        iteration_s=(starts[-1] - starts[warmup]) / iterations,
-        compute_s=compute,
-        link_busy_s=busy / iterations,
-        lower_bound_s=bound,
-        ops_per_iteration=ops / iterations,
-        blocks_per_iteration=sum(len(layout.blocks) for layout in layouts),
-        partition_bytes=part,
-        overlap_forward=overlap_forward,
-        fusion_bytes=fusion_bytes,
-        cycle_s=cycle_s,
-        trace=trace,
-        plan=getattr(obj, "plan", None),
-    )
+    return starts, busy, ops, last
 
 
 def best_dcredit(profile: Profile, cost: CostModel, *,
@@ -496,9 +528,6 @@ def best_dcredit(profile: Profile, cost: CostModel, *,
     the plan (``Plan.phase2_group``, ``Plan.phase2_depth``), which is all ``DCredit`` reads.
     Without overlap ``phase2_rules`` is ignored (phase 2 drains at once).
     """
-    from .planner import choose_partition, plan
-    from .policies.dcredit import DCredit
-
     if not rules:
         raise ValueError("best_dcredit: no planner rules given")
     phase2s: Sequence[str | None] = (None,)
@@ -508,6 +537,8 @@ def best_dcredit(profile: Profile, cost: CostModel, *,
         phase2s = phase2_rules
     if not group_limits:
         raise ValueError("best_dcredit: no group limits given (0 means no grouping)")
+    sim = {"overlap_forward": overlap_forward, "cycle_s": cycle_s, "fusion_bytes": fusion_bytes,
+           "warmup": warmup, "iterations": iterations, "block_overhead_s": block_overhead_s}
     best: SimResult | None = None
     every: list[tuple[str, int, float]] = []
     crossed = [{**options, **({} if p2 is None else {"phase2": p2})}
@@ -523,45 +554,48 @@ def best_dcredit(profile: Profile, cost: CostModel, *,
                                                                   "group_bytes": limit}
         for options in crossed:
             options = {**options, "cycle_s": cycle_s, "overlap_forward": overlap_forward}
-            cache: dict[int, SimResult] = {}
-
-            def run(size: int, options: dict[str, Any] = options,
-                    units: Profile = units, grouping: dict[str, Any] = grouping) -> SimResult:
-                made = replace(plan(units, cost, size, **options), **grouping)
-                return simulate(profile, cost, DCredit(made, overlap_forward=overlap_forward),
-                                overlap_forward=overlap_forward, cycle_s=cycle_s,
-                                fusion_bytes=fusion_bytes, warmup=warmup, iterations=iterations,
-                                block_overhead_s=block_overhead_s)
-
-            same: dict[tuple[tuple[int, int], ...], SimResult] = {}
-
-            def predict(_profile: Profile, _cost: CostModel, size: int,
-                        run: Callable[[int], SimResult] = run,
-                        cache: dict[int, SimResult] = cache,
-                        same: dict[tuple[tuple[int, int], ...], SimResult] = same,
-                        units: Profile = units) -> float:
-                # Partitions that cut every unit into the same blocks make the same plan and
-                # the same simulation (a unit of one block is charged its own bytes): run once.
-                cut = tuple((len(r), r[0][1] - r[0][0]) if len(r) > 1 else (1, 0)
-                            for r in (partition(n // e, e, size)
-                                      for n, e in zip(units.nbytes, units.element_size)))
-                if cut not in same:
-                    same[cut] = run(size)
-                cache[size] = same[cut]
-                return cache[size].iteration_s
-
-            size, table = choose_partition(units, cost, candidates, predict)
-            result = cache.get(size) or run(size)
-            if result.plan.partition_bytes != size:     # shared with an equivalent partition
-                result = replace(result, plan=replace(result.plan, partition_bytes=size),
-                                 partition_bytes=size)
-            result = replace(result, search=tuple(table))
+            result, table = _best_partition(profile, units, grouping, cost, candidates, options, sim)
             label = result.plan.label + (f", groups <= {limit} B" if grouping else "")
             every.extend((label, s, t) for s, t in table)
             if best is None or result.iteration_s < best.iteration_s:
                 best = result
     assert best is not None
     return replace(best, search_all=tuple(every))
+
+
+def _best_partition(profile: Profile, units: Profile, grouping: Mapping[str, Any], cost: CostModel,
+                    candidates: Sequence[int], options: Mapping[str, Any], sim: Mapping[str, Any]
+                    ) -> tuple[SimResult, tuple[tuple[int, float], ...]]:
+    """One planner rule (``options``) on one grouping: ``planner.choose_partition`` with this
+    simulator as the predictor (plans made on ``units``, run by ``simulate(profile, **sim)``).
+    Returns the winner's result, its ``search`` set, and the table."""
+    from .planner import choose_partition, plan
+    from .policies.dcredit import DCredit
+
+    cache: dict[int, SimResult] = {}
+    same: dict[tuple[tuple[int, int], ...], SimResult] = {}
+
+    def run(size: int) -> SimResult:
+        made = replace(plan(units, cost, size, **options), **grouping)
+        return simulate(profile, cost, DCredit(made, overlap_forward=sim["overlap_forward"]), **sim)
+
+    def predict(_profile: Profile, _cost: CostModel, size: int) -> float:
+        # Partitions that cut every unit into the same blocks make the same plan and
+        # the same simulation (a unit of one block is charged its own bytes): run once.
+        cut = tuple((len(r), r[0][1] - r[0][0]) if len(r) > 1 else (1, 0)
+                    for r in (partition(n // e, e, size)
+                              for n, e in zip(units.nbytes, units.element_size)))
+        if cut not in same:
+            same[cut] = run(size)
+        cache[size] = same[cut]
+        return cache[size].iteration_s
+
+    size, table = choose_partition(units, cost, candidates, predict)
+    result = cache.get(size) or run(size)
+    if result.plan.partition_bytes != size:     # shared with an equivalent partition
+        result = replace(result, plan=replace(result.plan, partition_bytes=size),
+                         partition_bytes=size)
+    return replace(result, search=tuple(table)), table
 
 
 def compare(profile: Profile, cost: CostModel, *,
