@@ -10,6 +10,10 @@ the same launch: compute alone (no all-reduce) and communication alone (the iter
 all-reduced back to back, as plain Horovod would submit them); their maximum is the lower bound
 no scheduler can beat.  Rank 0 prints; ``--json`` writes the figures for plots.
 
+A policy with a ``-td`` suffix (``dcredit-td``) is the same dcredit_hvd policy on the
+``torch.distributed`` transport, over the Gloo process group the ``ddp`` row uses, so the
+scheduler on both transports and DDP compare in one run.
+
 ``--device cuda`` runs on ``cuda:<local rank modulo the GPU count>`` (so several ranks may share
 one GPU) and adds the GPUs' energy per iteration, from NVML's total-energy counter
 (``dcredit_hvd.energy``; needs ``pip install nvidia-ml-py`` and a Volta or newer GPU).
@@ -25,12 +29,41 @@ import sys
 import time
 import timeit
 import types
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
 import numpy as np
 
 #: Policies that are not dcredit_hvd's: plain Horovod and PyTorch DDP.
 BASELINES = ("horovod", "ddp")
+#: Policy-name suffixes: without ``model=`` (step() waits for every gradient), and on the
+#: ``torch.distributed`` transport (the Gloo group of the ``ddp`` row) instead of Horovod.
+SYNC, TORCH_DISTRIBUTED = "-sync", "-td"
+
+
+@dataclass(frozen=True)
+class PolicyName:
+    """What a ``--policy`` entry asks for: ``<base>[-sync][-td]`` (suffixes in either order)."""
+
+    name: str
+    base: str
+    overlap: bool             # model= given: the next forward overlaps the all-reduces
+    transport: Optional[str]  # None: Horovod; "torch.distributed" for the -td rows
+
+    @classmethod
+    def parse(cls, name: str) -> PolicyName:
+        base, overlap, transport = name, True, None
+        while True:
+            if base.endswith(SYNC):
+                base, overlap = base.removesuffix(SYNC), False
+            elif base.endswith(TORCH_DISTRIBUTED):
+                base, transport = base.removesuffix(TORCH_DISTRIBUTED), "torch.distributed"
+            else:
+                return cls(name, base, overlap, transport)
+
+    @property
+    def baseline(self) -> bool:
+        return self.base in BASELINES
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -52,7 +85,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="comma-separated: horovod (hvd.DistributedOptimizer), ddp "
                         "(torch DistributedDataParallel over Gloo) and/or dcredit_hvd policies; a '-sync' "
                         "suffix (e.g. dcredit-sync) runs the policy without model=, so step() "
-                        "waits for every gradient instead of overlapping the next forward")
+                        "waits for every gradient instead of overlapping the next forward; a "
+                        "'-td' suffix (e.g. dcredit-td) runs it on transport='torch.distributed' "
+                        "over ddp's Gloo group instead of Horovod")
     parser.add_argument("--partition-bytes", default=None)
     parser.add_argument("--credit-bytes", default=None)
     parser.add_argument("--fp16-allreduce", action="store_true")
@@ -65,6 +100,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "iteration when NVML's energy counter is readable (pynvml)")
     args = parser.parse_args(argv)
     args.policies = [p.strip() for p in args.policy.split(",") if p.strip()]
+    for policy in map(PolicyName.parse, args.policies):
+        if policy.baseline and policy.name != policy.base:
+            parser.error(f"--policy {policy.name}: the {SYNC} and {TORCH_DISTRIBUTED} suffixes "
+                         f"apply to dcredit_hvd's policies (e.g. dcredit{TORCH_DISTRIBUTED}), "
+                         f"not to {policy.base}")
     args.options = {}
     for item in args.model_arg:
         key, _, value = item.partition("=")
@@ -74,10 +114,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def check_policies(policies: list[str]) -> None:
+    """Resolves every dcredit_hvd policy's configuration, so that a bad name fails on every
+    rank before any work."""
+    from dcredit_hvd.config import SchedulerConfig
+
+    for policy in map(PolicyName.parse, policies):
+        if not policy.baseline:
+            SchedulerConfig.resolve(policy=policy.base, transport=policy.transport)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
-    import torch.nn.functional as F
 
     if args.device == "cuda":
         problem = cuda_unavailable_reason(torch)
@@ -88,116 +137,151 @@ def main(argv: list[str] | None = None) -> int:
 
     import horovod.torch as hvd
 
-    import dcredit_hvd
-    from dcredit_hvd import zoo
-
     hvd.init()
     torch.set_num_threads(1)
     # Synthetic data turns some values subnormal after a few steps, and CPU arithmetic on them is
     # several times slower (GPUs flush them by default): every benchmark flushes them.
     flushes = torch.set_flush_denormal(True)
-    rank0 = hvd.rank() == 0
-    cuda = args.device == "cuda"
-    meter = None
-    if cuda:
-        from dcredit_hvd.energy import EnergyMeter
+    check_policies(args.policies)
+    launch = Launch(args, torch, hvd, flushes)
+    launch.print_header()
+    results = launch.results_header()
+    if any(p.base == "ddp" or p.transport for p in map(PolicyName.parse, args.policies)):
+        init_gloo_process_group(hvd)
+    optimizers = launch.run_rounds(results)
+    launch.finish(results, optimizers)
+    return 0
 
-        gpu = hvd.local_rank() % torch.cuda.device_count()
-        torch.cuda.set_device(gpu)
-        target_device = torch.device("cuda", gpu)
-        meter = EnergyMeter.for_cuda_device(gpu)
-        gpu_identity = {"host": platform.node(), "gpu": cuda_identity(torch, gpu)}
-    else:
-        target_device = torch.device("cpu")
 
-    def log(*parts: Any) -> None:
-        if rank0:
+class Launch:
+    """One benchmark launch: the ranks, the device, the synthetic batch and the model, and the
+    timed runs of each policy on them."""
+
+    def __init__(self, args: argparse.Namespace, torch: Any, hvd: Any, flushes: bool) -> None:
+        self.args, self.torch, self.hvd, self.flushes = args, torch, hvd, flushes
+        self.rank0 = hvd.rank() == 0
+        self.cuda = args.device == "cuda"
+        self.device = "GPU" if self.cuda else "CPU"
+        self.meter: Any = None
+        self.gpu_identity: dict[str, str] = {}
+        if self.cuda:
+            from dcredit_hvd.energy import EnergyMeter
+
+            self.gpu = hvd.local_rank() % torch.cuda.device_count()
+            torch.cuda.set_device(self.gpu)
+            self.target_device = torch.device("cuda", self.gpu)
+            self.meter = EnergyMeter.for_cuda_device(self.gpu)
+            self.gpu_identity = {"host": platform.node(), "gpu": cuda_identity(torch, self.gpu)}
+        else:
+            self.target_device = torch.device("cpu")
+        self.loss_of = self._synthetic_batch()
+        self.compression = (hvd.Compression.fp16 if args.fp16_allreduce
+                            else hvd.Compression.none)
+        self.n_params = sum(p.numel() for p in self.fresh_model(on_device=False).parameters())
+        self.hosts = hvd.allgather_object(platform.node())
+
+    def log(self, *parts: Any) -> None:
+        if self.rank0:
             print(*parts, flush=True)
 
-    for policy in args.policies:
-        if policy not in BASELINES:
-            from dcredit_hvd.config import SchedulerConfig
-            # fail fast, on every rank, before any work
-            SchedulerConfig.resolve(policy=policy.removesuffix("-sync"))
+    # -- the workload ---------------------------------------------------------------------------
+    def _synthetic_batch(self) -> Callable[[Any], Any]:
+        """The launch's one batch (images or tokens, seed 0) and the loss of a model on it."""
+        from dcredit_hvd import hfmodels, zoo
 
-    from dcredit_hvd import hfmodels
+        torch, args = self.torch, self.args
+        F = torch.nn.functional
+        unit = "sequences" if hfmodels.is_hf(args.model) else zoo.entry(args.model).unit
+        torch.manual_seed(0)
+        if unit == "images":
+            size = args.options.get("image_size", 224)
+            classes = args.options.get("num_classes", 1000)
+            data = torch.randn(args.batch_size, 3, size, size).to(self.target_device)
+            target = torch.randint(0, classes, (args.batch_size,)).to(self.target_device)
 
-    unit = "sequences" if hfmodels.is_hf(args.model) else zoo.entry(args.model).unit
-    torch.manual_seed(0)
-    if unit == "images":
-        size = args.options.get("image_size", 224)
-        classes = args.options.get("num_classes", 1000)
-        data = torch.randn(args.batch_size, 3, size, size)
-        target = torch.randint(0, classes, (args.batch_size,))
-
-        def loss_of(model: Any) -> Any:
-            return F.cross_entropy(model(data), target)
-    else:
+            def loss_of(model: Any) -> Any:
+                return F.cross_entropy(model(data), target)
+            return loss_of
         vocab = args.options.get("vocab", 50257)
         tokens = args.options.get("seq_len", args.options.get("ctx", 1024))
-        data = torch.randint(0, vocab, (args.batch_size, tokens + 1))
+        data = torch.randint(0, vocab, (args.batch_size, tokens + 1)).to(self.target_device)
 
         def loss_of(model: Any) -> Any:
             logits = model(data[:, :-1])
             return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), data[:, 1:].reshape(-1))
-    if cuda:
-        data = data.to(target_device)
-        if unit == "images":
-            target = target.to(target_device)
+        return loss_of
 
-    def fresh_model(on_device: bool = True) -> Any:
-        torch.manual_seed(42)
+    def fresh_model(self, on_device: bool = True) -> Any:
+        """The model at its initial weights (seed 42), the same for every policy."""
+        from dcredit_hvd import hfmodels, zoo
+
+        self.torch.manual_seed(42)
+        args = self.args
         model = (hfmodels.build(args.model, **args.options) if hfmodels.is_hf(args.model)
                  else zoo.build(args.model, **args.options))
-        return model.to(target_device) if cuda and on_device else model
+        return model.to(self.target_device) if self.cuda and on_device else model
 
-    def synchronize() -> None:
-        if cuda:
-            torch.cuda.synchronize(target_device)
+    def synchronize(self) -> None:
+        if self.cuda:
+            self.torch.cuda.synchronize(self.target_device)
 
-    compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
-    device = "GPU" if cuda else "CPU"
-    n_params = sum(p.numel() for p in fresh_model(on_device=False).parameters())
-    log(f"Model: {args.model} {args.options or ''} ({n_params / 1e6:.2f} M parameters, "
-        f"{n_params * 4 / 2**20:.1f} MiB of float32 gradients)")
-    log(f"Batch size: {args.batch_size}")
-    log(f"Number of {device}s: {hvd.size()}")
-    log(f"Policies: {', '.join(args.policies)} (one after another in this launch)")
-    hosts = hvd.allgather_object(platform.node())
-    log(f"Hosts: {', '.join(f'rank {r} on {h}' for r, h in enumerate(hosts))}")
-    log(f"All-reduce: {collective_algorithm()}")
-    log("Subnormals flushed to zero (torch.set_flush_denormal)" if flushes else
-        "WARNING: this CPU cannot flush subnormals; synthetic data may slow down after a few steps")
-    if cuda:
-        placements = hvd.allgather_object((hvd.rank(), gpu_identity["host"], str(target_device),
-                                           torch.cuda.get_device_name(target_device)))
-        for rank, host, where, name in placements:
-            log(f"rank {rank}: {host} {where} ({name})")
-        log(f"{meter.describe()} [rank 0]")
+    # -- what the launch prints first and records ---------------------------------------------
+    def print_header(self) -> None:
+        args, hvd, log = self.args, self.hvd, self.log
+        log(f"Model: {args.model} {args.options or ''} ({self.n_params / 1e6:.2f} M parameters, "
+            f"{self.n_params * 4 / 2**20:.1f} MiB of float32 gradients)")
+        log(f"Batch size: {args.batch_size}")
+        log(f"Number of {self.device}s: {hvd.size()}")
+        log(f"Policies: {', '.join(args.policies)} (one after another in this launch)")
+        log(f"Hosts: {', '.join(f'rank {r} on {h}' for r, h in enumerate(self.hosts))}")
+        log(f"All-reduce: {collective_algorithm()}")
+        log("Subnormals flushed to zero (torch.set_flush_denormal)" if self.flushes else
+            "WARNING: this CPU cannot flush subnormals; synthetic data may slow down after a few "
+            "steps")
+        if self.cuda:
+            placements = hvd.allgather_object((hvd.rank(), self.gpu_identity["host"],
+                                               str(self.target_device),
+                                               self.torch.cuda.get_device_name(self.target_device)))
+            for rank, host, where, name in placements:
+                log(f"rank {rank}: {host} {where} ({name})")
+            log(f"{self.meter.describe()} [rank 0]")
 
-    def timed(step: Callable[[], None], number: int) -> float:
-        if not cuda:
+    def results_header(self) -> dict[str, Any]:
+        """The JSON's description of the launch (the policies' runs are added to it)."""
+        args = self.args
+        return {"model": args.model, "options": args.options, "batch_size": args.batch_size,
+                "ranks": self.hvd.size(), "parameters": self.n_params,
+                "fp16_allreduce": args.fp16_allreduce, "machine": platform.platform(),
+                "started": time.time(), "device": args.device, "energy": energy_note(self.meter),
+                "hosts": self.hosts, "allreduce": collective_algorithm(),
+                "flush_denormal": self.flushes, "loadavg_start": os.getloadavg(), "policies": {}}
+
+    # -- timing -----------------------------------------------------------------------------------
+    def timed(self, step: Callable[[], None], number: int) -> float:
+        if not self.cuda:
             return timeit.timeit(step, number=number)
 
         # GPU work is asynchronous: wait for it at the ends of the timed batches, never inside.
         def batches() -> None:
             for _ in range(number):
                 step()
-            synchronize()
-        synchronize()
+            self.synchronize()
+        self.synchronize()
         return timeit.timeit(batches, number=1)
 
-    def timed_run(label: str, make_step: Callable[[], Callable[[], None]]) -> dict[str, Any]:
+    def timed_run(self, label: str, make_step: Callable[[], Callable[[], None]]) -> dict[str, Any]:
+        """Warm-up, then ``--num-iters`` timed iterations of ``--num-batches-per-iter`` steps."""
+        args, log, device = self.args, self.log, self.device
         step = make_step()
         log(f"[{label}] Running warmup...")
-        timed(step, args.num_warmup_batches)
+        self.timed(step, args.num_warmup_batches)
         log(f"[{label}] Running benchmark...")
         seconds = []
-        if meter is not None:
-            synchronize()
-            meter.start()
+        if self.meter is not None:
+            self.synchronize()
+            self.meter.start()
         for i in range(args.num_iters):
-            t = timed(step, args.num_batches_per_iter)
+            t = self.timed(step, args.num_batches_per_iter)
             seconds.append(t / args.num_batches_per_iter)
             log(f"[{label}] Iter #{i}: {args.batch_size / seconds[-1]:.1f} img/sec per {device} "
                 f"({seconds[-1] * 1e3:.1f} ms/iteration; iteration {i + 1} of {args.num_iters})")
@@ -205,51 +289,67 @@ def main(argv: list[str] | None = None) -> int:
         result = {"label": label, "seconds_per_iteration": float(np.mean(seconds)),
                   "seconds": seconds, "img_sec_mean": float(rates.mean()),
                   "img_sec_conf": float(1.96 * rates.std()), "energy_j_per_iter": None}
-        if meter is not None:
-            from dcredit_hvd.energy import gpu_energy_per_iteration
-
-            joules = meter.stop()
-            readings = hvd.allgather_object(dict(gpu_identity, rank=hvd.rank(), joules=joules))
-            energy = gpu_energy_per_iteration(
-                readings, iterations=args.num_iters * args.num_batches_per_iter)
-            result["energy_j_per_iter"] = energy["total"]
-            result["energy_per_gpu"] = energy["per_gpu"]
-            gpus = ", ".join(f"rank {g['rank']} {g['host']} {g['gpu']}: "
-                             + ("n/a" if g["j_per_iter"] is None else f"{g['j_per_iter']:.2f} J")
-                             for g in energy["per_gpu"])
-            total = "n/a" if energy["total"] is None else f"{energy['total']:.2f} J"
-            log(f"[{label}] Energy per iteration, {len(energy['per_gpu'])} GPU(s) summed: "
-                f"{total} ({gpus})")
+        if self.meter is not None:
+            self._energy(label, result)
+        size = self.hvd.size()
         log(f"[{label}] Img/sec per {device}: {result['img_sec_mean']:.1f} "
             f"+-{result['img_sec_conf']:.1f}")
-        log(f"[{label}] Total img/sec on {hvd.size()} {device}(s): "
-            f"{hvd.size() * result['img_sec_mean']:.1f} +-{hvd.size() * result['img_sec_conf']:.1f}")
+        log(f"[{label}] Total img/sec on {size} {device}(s): "
+            f"{size * result['img_sec_mean']:.1f} +-{size * result['img_sec_conf']:.1f}")
         return result
 
-    optimizers: dict[str, Any] = {}
+    def _energy(self, label: str, result: dict[str, Any]) -> None:
+        """Every GPU's energy over the timed iterations, into ``result`` (and printed)."""
+        from dcredit_hvd.energy import gpu_energy_per_iteration
 
-    def training_step(policy: str) -> Callable[[], Callable[[], None]]:
+        joules = self.meter.stop()
+        readings = self.hvd.allgather_object(dict(self.gpu_identity, rank=self.hvd.rank(),
+                                                  joules=joules))
+        energy = gpu_energy_per_iteration(
+            readings, iterations=self.args.num_iters * self.args.num_batches_per_iter)
+        result["energy_j_per_iter"] = energy["total"]
+        result["energy_per_gpu"] = energy["per_gpu"]
+        gpus = ", ".join(f"rank {g['rank']} {g['host']} {g['gpu']}: "
+                         + ("n/a" if g["j_per_iter"] is None else f"{g['j_per_iter']:.2f} J")
+                         for g in energy["per_gpu"])
+        total = "n/a" if energy["total"] is None else f"{energy['total']:.2f} J"
+        self.log(f"[{label}] Energy per iteration, {len(energy['per_gpu'])} GPU(s) summed: "
+                 f"{total} ({gpus})")
+
+    # -- the steps ----------------------------------------------------------------------------------
+    def optimizer(self, name: str, model: Any) -> Any:
+        """The optimizer of policy ``name`` (or ``compute``: the local one alone) on ``model``."""
+        hvd, args = self.hvd, self.args
+        opt = self.torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size(), momentum=0.9)
+        policy = PolicyName.parse(name)
+        if policy.base == "horovod":
+            return hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                            compression=self.compression)
+        if policy.base in ("compute", "ddp"):
+            return opt
+        import dcredit_hvd
+
+        return dcredit_hvd.DistributedOptimizer(
+            opt, named_parameters=model.named_parameters(), compression=self.compression,
+            model=model if policy.overlap else None, policy=policy.base,
+            transport=policy.transport, partition_bytes=args.partition_bytes,
+            credit_bytes=args.credit_bytes)
+
+    def training_step(self, name: str, optimizers: dict[str, Any]
+                      ) -> Callable[[], Callable[[], None]]:
+        """Builds policy ``name``'s step (kept in ``optimizers``) when the timed run starts."""
         def make() -> Callable[[], None]:
-            model = fresh_model()
-            hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-            if policy == "ddp":
-                model = torch.nn.parallel.DistributedDataParallel(
-                    model, bucket_cap_mb=25, device_ids=[target_device] if cuda else None)
-            opt = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size(), momentum=0.9)
-            if policy == "horovod":
-                opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
-                                               compression=compression)
-            elif policy not in ("compute", "ddp"):
-                overlap = not policy.endswith("-sync")
-                opt = dcredit_hvd.DistributedOptimizer(
-                    opt, named_parameters=model.named_parameters(), compression=compression,
-                    model=model if overlap else None, policy=policy.removesuffix("-sync"),
-                    partition_bytes=args.partition_bytes, credit_bytes=args.credit_bytes)
-            optimizers[policy] = opt
+            model = self.fresh_model()
+            self.hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+            if name == "ddp":
+                model = self.torch.nn.parallel.DistributedDataParallel(
+                    model, bucket_cap_mb=25,
+                    device_ids=[self.target_device] if self.cuda else None)
+            opt = optimizers[name] = self.optimizer(name, model)
 
             def step() -> None:
                 opt.zero_grad()
-                loss_of(model).backward()
+                self.loss_of(model).backward()
                 opt.step()
             # dcredit profiles its first iterations, then plans: run those before timing.
             profiling = getattr(opt, "scheduler_config", None)
@@ -259,9 +359,11 @@ def main(argv: list[str] | None = None) -> int:
             return step
         return make
 
-    def communication_step() -> Callable[[], None]:
-        model = fresh_model()
-        grads = [(name, torch.zeros_like(p)) for name, p in model.named_parameters()
+    def communication_step(self) -> Callable[[], None]:
+        """The iteration's gradients all-reduced back to back, as plain Horovod submits them."""
+        hvd = self.hvd
+        model = self.fresh_model()
+        grads = [(name, self.torch.zeros_like(p)) for name, p in model.named_parameters()
                  if p.requires_grad]
 
         def step() -> None:
@@ -270,53 +372,57 @@ def main(argv: list[str] | None = None) -> int:
                 hvd.synchronize(h)
         return step
 
-    results: dict[str, Any] = {"model": args.model, "options": args.options,
-                               "batch_size": args.batch_size, "ranks": hvd.size(),
-                               "parameters": n_params, "fp16_allreduce": args.fp16_allreduce,
-                               "machine": platform.platform(), "started": time.time(),
-                               "device": args.device, "energy": energy_note(meter),
-                               "hosts": hosts, "allreduce": collective_algorithm(),
-                               "flush_denormal": flushes, "loadavg_start": os.getloadavg(),
-                               "policies": {}}
-    if "ddp" in args.policies:
-        init_gloo_process_group(hvd)
-    for round_ in range(args.rounds):
-        if args.rounds > 1:
-            log(f"Round {round_ + 1} of {args.rounds}")
-        if not args.no_bounds:
-            pool(results, "compute", timed_run("compute only", training_step("compute")),
-                 args.batch_size)
-            pool(results, "communication", timed_run("communication only", communication_step),
-                 args.batch_size)
-        for policy in args.policies:
-            pool(results["policies"], policy, timed_run(policy, training_step(policy)),
-                 args.batch_size)
-            # Keep only what the simulator check needs: holding every policy's optimizer (model,
-            # gradients, state) ran GPT-2 small's 4 ranks out of 24 GiB.
-            opt = optimizers.pop(policy)
-            if hasattr(opt, "apply_pending_updates"):
-                opt.apply_pending_updates()
-            optimizers[policy] = types.SimpleNamespace(
-                scheduler_config=getattr(opt, "scheduler_config", None),
-                plan=getattr(opt, "plan", None), measured=getattr(opt, "measured", None))
-            del opt
-            gc.collect()
-    results["link"] = link_need(n_params * (2 if args.fp16_allreduce else 4), hvd.size(),
-                                os.environ.get("VCLUSTER_RATE"))
-    results["simulated"] = simulator_check(results, optimizers, args)
-    results["bound"] = lower_bound(results)
+    # -- the launch ---------------------------------------------------------------------------------
+    def run_rounds(self, results: dict[str, Any]) -> dict[str, Any]:
+        """The bounds and every policy, ``--rounds`` times in turn, pooled into ``results``;
+        returns what the simulator check needs of each policy's optimizer."""
+        args, batch = self.args, self.args.batch_size
+        optimizers: dict[str, Any] = {}
+        for round_ in range(args.rounds):
+            if args.rounds > 1:
+                self.log(f"Round {round_ + 1} of {args.rounds}")
+            if not args.no_bounds:
+                pool(results, "compute",
+                     self.timed_run("compute only", self.training_step("compute", optimizers)),
+                     batch)
+                del optimizers["compute"]       # a plain SGD: nothing for the simulator check
+                pool(results, "communication",
+                     self.timed_run("communication only", self.communication_step), batch)
+            for policy in args.policies:
+                pool(results["policies"], policy,
+                     self.timed_run(policy, self.training_step(policy, optimizers)), batch)
+                optimizers[policy] = kept_of(optimizers.pop(policy))
+                gc.collect()
+        return optimizers
 
-    # the machine's load beside the figures: other work on the same cores slows every policy
-    results["loadavg_end"] = os.getloadavg()
-    if rank0:
-        print_table(results)
-        if args.json:
-            with open(args.json, "w") as fh:
-                json.dump(results, fh, indent=2)
-            print(f"results written to {args.json}")
-    if meter is not None:
-        meter.close()
-    return 0
+    def finish(self, results: dict[str, Any], optimizers: dict[str, Any]) -> None:
+        """The link's need, the simulator check and the bound; rank 0 prints and writes."""
+        args = self.args
+        results["link"] = link_need(self.n_params * (2 if args.fp16_allreduce else 4),
+                                    self.hvd.size(), os.environ.get("VCLUSTER_RATE"))
+        results["simulated"] = simulator_check(results, optimizers, args)
+        results["bound"] = lower_bound(results)
+        # the machine's load beside the figures: other work on the same cores slows every policy
+        results["loadavg_end"] = os.getloadavg()
+        if self.rank0:
+            print_table(results)
+            if args.json:
+                with open(args.json, "w") as fh:
+                    json.dump(results, fh, indent=2)
+                print(f"results written to {args.json}")
+        if self.meter is not None:
+            self.meter.close()
+
+
+def kept_of(opt: Any) -> types.SimpleNamespace:
+    """What the simulator check needs of a finished policy's optimizer, once its last updates
+    are applied.  Only that is kept: holding every policy's optimizer (model, gradients, state)
+    ran GPT-2 small's 4 ranks out of 24 GiB."""
+    if hasattr(opt, "apply_pending_updates"):
+        opt.apply_pending_updates()
+    return types.SimpleNamespace(scheduler_config=getattr(opt, "scheduler_config", None),
+                                 plan=getattr(opt, "plan", None),
+                                 measured=getattr(opt, "measured", None))
 
 
 def cuda_unavailable_reason(torch: Any) -> str | None:
@@ -455,11 +561,14 @@ def simulator_check(results: dict[str, Any], optimizers: dict[str, Any],
     """Each measured policy predicted by the simulator from the profile and cost model that
     ``dcredit`` measured in this run; error in percent of the measured time."""
     from dcredit_hvd import simulator
-    from dcredit_hvd.policies import DCredit
 
     # Prefer a profile measured with model= (it has per-layer forward times; without the model
-    # the profiler cannot see the forward pass).
-    candidates = sorted(optimizers.items(), key=lambda item: item[0].endswith("-sync"))
+    # the profiler cannot see the forward pass), then one measured over Horovod (the rows
+    # without a suffix).
+    def preference(item: tuple[str, Any]) -> tuple[bool, bool]:
+        policy = PolicyName.parse(item[0])
+        return not policy.overlap, policy.transport is not None
+    candidates = sorted(optimizers.items(), key=preference)
     measured = next((o.measured for _, o in candidates
                      if getattr(o, "measured", None) is not None), None)
     if measured is None:
@@ -470,38 +579,54 @@ def simulator_check(results: dict[str, Any], optimizers: dict[str, Any],
     out: dict[str, Any] = {"untracked_compute_s": untracked} if untracked else {}
     # What one tensor's own dependency adds beyond compute (a tied embedding), on the link.
     compute = profile.forward_time + profile.backward_time + sum(profile.t_u or ())
-    link = network or cost
-    ends = simulator.dependencies(profile, link)
+    ends = simulator.dependencies(profile, network or cost)
     excess = max(ends, default=0.0) - compute
     if excess > 0:
         out["dependency_excess_s"] = excess
         out["dependency_tensor"] = profile.names[ends.index(max(ends))]
     for name, run in results["policies"].items():
-        base = name.removesuffix("-sync")
-        overlap = not name.endswith("-sync")
-        if base == "ddp":
+        policy = PolicyName.parse(name)
+        if policy.base == "ddp":
             continue
-        kwargs: dict[str, Any] = {"overlap_forward": overlap and base != "horovod",
-                                  "fusion_bytes": 128 << 20}
-        if base in ("wfbp", "bytescheduler"):
-            config = optimizers[name].scheduler_config
-            kwargs.update(partition_bytes=config.partition_bytes, credit_bytes=config.credit_bytes)
-            policy: Any = base
-        elif base == "dcredit":
-            plan = optimizers[name].plan
-            policy = DCredit(plan, overlap_forward=overlap)
-        else:
-            policy = base
-        predicted = simulator.simulate(profile, cost, policy, **kwargs).iteration_s
-        actual = run["seconds_per_iteration"]
-        out[name] = {"predicted": predicted, "measured": actual,
-                     "error_percent": 100.0 * (predicted - actual) / actual}
+        row_cost = cost
+        own = getattr(optimizers[name], "measured", None)
+        if policy.transport is not None and own is not None:
+            row_cost = own[1]           # the -td row's own transport, fitted while it ran
+        row = simulated_row(profile, row_cost, policy, optimizers[name],
+                            run["seconds_per_iteration"])
         if network is not None:
-            if isinstance(policy, DCredit):     # a fresh copy: simulate() binds the policy
-                policy = DCredit(optimizers[name].plan, overlap_forward=overlap)
-            link = simulator.simulate(profile, network, policy, **kwargs).iteration_s
-            out[name].update(predicted_link=link, error_link_percent=100.0 * (link - actual) / actual)
+            row_network = network_model(row_cost, results["link"],
+                                        bandwidth_optimal=policy.transport is not None)
+            on_link = simulated_row(profile, row_network, policy, optimizers[name],
+                                    run["seconds_per_iteration"])
+            row.update(predicted_link=on_link["predicted"],
+                       error_link_percent=on_link["error_percent"])
+        out[name] = row
     return out
+
+
+def simulated_row(profile: Any, cost: Any, policy: PolicyName, kept: Any,
+                  measured: float) -> dict[str, Any]:
+    """One policy simulated on ``profile`` and ``cost``, beside its measured seconds.
+
+    Over Horovod: its 1 ms cycle and 128 MiB fusion.  The ``-td`` rows' transport issues each
+    block as its own all-reduce as soon as the scheduler releases it: no cycle, no fusion."""
+    from dcredit_hvd import simulator
+    from dcredit_hvd.policies import DCredit
+
+    kwargs: dict[str, Any] = {"overlap_forward": policy.overlap and policy.base != "horovod",
+                              "fusion_bytes": 128 << 20}
+    if policy.transport is not None:
+        kwargs.update(cycle_s=0.0, fusion_bytes=0)
+    rule: Any = policy.base
+    if policy.base in ("wfbp", "bytescheduler"):
+        config = kept.scheduler_config
+        kwargs.update(partition_bytes=config.partition_bytes, credit_bytes=config.credit_bytes)
+    elif policy.base == "dcredit":       # a fresh policy each time: simulate() binds it
+        rule = DCredit(kept.plan, overlap_forward=policy.overlap)
+    predicted = simulator.simulate(profile, cost, rule, **kwargs).iteration_s
+    return {"predicted": predicted, "measured": measured,
+            "error_percent": 100.0 * (predicted - measured) / measured}
 
 
 def with_untracked_compute(profile: Any, compute: dict[str, Any] | None) -> tuple[Any, float]:
@@ -531,15 +656,24 @@ def with_untracked_compute(profile: Any, compute: dict[str, Any] | None) -> tupl
                               profile.t_u, profile.kinds), missing
 
 
-def network_model(cost: Any, link: dict[str, Any] | None) -> Any:
+def network_model(cost: Any, link: dict[str, Any] | None, bandwidth_optimal: bool = False) -> Any:
     """The simulator's network model of the virtual cluster: the links' seconds per byte under
     the run's all-reduce (``link_need``), with the live model's startup ``a`` (on this CPU
-    mostly Horovod's cycle, not the wire). None off the virtual cluster."""
+    mostly Horovod's cycle, not the wire). ``bandwidth_optimal``: under a ring instead (Gloo's
+    all-reduce, for the ``-td`` rows). None off the virtual cluster."""
     from dcredit_hvd.costmodel import CostModel
 
     if link is None:
         return None
-    return CostModel(a=cost.a, b=link["seconds"] / link["bytes"])
+    seconds = link["bandwidth_optimal_seconds"] if bandwidth_optimal else link["seconds"]
+    return CostModel(a=cost.a, b=seconds / link["bytes"])
+
+
+def gloo_rows(policies: Any) -> str:
+    """Which rows ran over Gloo's all-reduce (torch.distributed) instead of Horovod's."""
+    if any(PolicyName.parse(name).transport for name in policies):
+        return f"ddp and the {TORCH_DISTRIBUTED} rows"
+    return "ddp"
 
 
 def print_table(results: dict[str, Any]) -> None:
@@ -548,7 +682,7 @@ def print_table(results: dict[str, Any]) -> None:
     ddp = policies.get("ddp", {}).get("seconds_per_iteration")
     bound = None
     print(f"\n{results.get('ranks', '?')} ranks on {', '.join(results.get('hosts', ['?']))}; all-reduce: "
-          f"{results.get('allreduce', '?')} (ddp: Gloo's); subnormals flushed: "
+          f"{results.get('allreduce', '?')} ({gloo_rows(policies)}: Gloo's); subnormals flushed: "
           f"{results.get('flush_denormal')}")
     if "loadavg_end" in results:
         print(f"machine load average (1 min) {results['loadavg_start'][0]:.1f} at the start, "
@@ -570,7 +704,8 @@ def print_table(results: dict[str, Any]) -> None:
               f"per iteration for {link['bytes'] / 1e6:.1f} MB under this all-reduce "
               f"(bandwidth-optimal all-reduce: {link['bandwidth_optimal_seconds'] * 1e3:.1f} ms)")
     simulated = results.get("simulated", {})
-    print(f"\n{'policy':<15}{'ms/iter':>10}{'img/sec':>10}{'vs horovod':>12}{'vs ddp':>9}"
+    width = max([15] + [len(name) + 1 for name in policies])     # names such as wfbp-sync-td
+    print(f"\n{'policy':<{width}}{'ms/iter':>10}{'img/sec':>10}{'vs horovod':>12}{'vs ddp':>9}"
           f"{'x lower bound':>15}{'simulated ms':>14}{'error':>8}{'link model':>12}{'error':>8}"
           f"{'energy J/iter':>15}")
     for name, r in policies.items():
@@ -585,7 +720,7 @@ def print_table(results: dict[str, Any]) -> None:
         link_error = f"{sim['error_link_percent']:+.0f}%" if sim and "predicted_link" in sim else "-"
         joules = r.get("energy_j_per_iter")
         energy = "n/a" if joules is None else f"{joules:.2f}"
-        print(f"{name:<15}{t * 1e3:>10.1f}{r['img_sec_mean']:>10.1f}{speedup:>12}{over_ddp:>9}"
+        print(f"{name:<{width}}{t * 1e3:>10.1f}{r['img_sec_mean']:>10.1f}{speedup:>12}{over_ddp:>9}"
               f"{ratio:>15}{predicted:>14}{error:>8}{on_link:>12}{link_error:>8}{energy:>15}")
     print("simulated: the simulator on the profile and live cost model dcredit measured; link "
           "model: the same with the links' seconds per byte under this all-reduce")

@@ -27,6 +27,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from dcredit_hvd.bench import gloo_rows  # noqa: E402
+
 POLICIES = "horovod,ddp,wfbp,bytescheduler,dcredit-sync,dcredit"
 #: name -> (zoo model, builder options, batch size, description of the input)
 MODELS = {
@@ -60,7 +64,8 @@ def hosts_of(n: int) -> str:
     return ",".join(f"h{i}" for i in range(n))
 
 
-def run(model: str, n: int, rate: str, iters: int, out: Path, rounds: int = 1) -> bool:
+def run(model: str, n: int, rate: str, iters: int, out: Path, rounds: int = 1,
+        policies: str = POLICIES) -> bool:
     """One launch; False when it failed (the next ones still run, the report says which)."""
     zoo_name, options, batch, _ = MODELS[model]
     result = out / f"{model}-{n}h-{rate}.json"
@@ -74,7 +79,7 @@ def run(model: str, n: int, rate: str, iters: int, out: Path, rounds: int = 1) -
            "-x", "PATH", "-x", "DCREDIT_LOG_LEVEL", "-x", "GLOO_SOCKET_IFNAME",
            venv_python, "-m", "dcredit_hvd.bench", "--model", zoo_name, "--batch-size", str(batch),
            "--num-warmup-batches", "2", "--num-batches-per-iter", "2", "--num-iters", str(iters),
-           "--rounds", str(rounds), "--policy", POLICIES, "--json", str(result)]
+           "--rounds", str(rounds), "--policy", policies, "--json", str(result)]
     for key, value in options.items():
         cmd += ["--model-arg", f"{key}={value}"]
     print(f"[bench] {model} on {n} hosts at {rate}: {' '.join(cmd)}", flush=True)
@@ -103,7 +108,7 @@ def table(data: dict) -> str:
     bound = bound_of(data)
     simulated = data.get("simulated", {})
     lines = [f"{data['ranks']} ranks on {', '.join(data.get('hosts', ['?']))}; all-reduce: "
-             f"{data.get('allreduce', '?')} (ddp: Gloo's); subnormals flushed: "
+             f"{data.get('allreduce', '?')} ({gloo_rows(policies)}: Gloo's); subnormals flushed: "
              f"{data.get('flush_denormal', '?')}" + (
                  f"; load average {data['loadavg_start'][0]:.1f} at the start, "
                  f"{data['loadavg_end'][0]:.1f} at the end (2 CPUs)" if "loadavg_end" in data
@@ -192,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=1,
                         help="each launch runs every policy this many times in turn (pooled)")
+    parser.add_argument("--policies", default=POLICIES,
+                        help=f"the --policy of every launch (default {POLICIES}; e.g. add "
+                        "dcredit-td: dcredit on torch.distributed)")
     parser.add_argument("--quick", action="store_true", help="2 hosts, 1gbit, 2 iterations")
     parser.add_argument("--out", default=str(ROOT / "results" / "bench"))
     parser.add_argument("--report-only", action="store_true",
@@ -214,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         for rate in rates:
             for n in host_counts:
                 path = out / f"{model}-{n}h-{rate}.json"
-                if not args.report_only and not run(model, n, rate, iters, out, args.rounds):
+                if not args.report_only and not run(model, n, rate, iters, out, args.rounds, args.policies):
                     failed.append(f"{model} on {n} hosts at {rate}")
                     path.unlink(missing_ok=True)
                 if path.exists():
