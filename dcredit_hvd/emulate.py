@@ -12,6 +12,8 @@ of the profile, communication-only within 5% of the link model, the CPU busy fra
 50% (else the run says it measured the CPU, not a cluster), the simulator within 5% of every
 policy.  Byte settings of the target (Horovod's 128 MiB fusion, DDP's 25 MiB buckets,
 ByteScheduler's 4 MB partitions and 16 MB credit) are divided by ``S`` like the gradients.
+Policy names are ``dcredit_hvd.bench``'s: ``-sync`` without ``model=``, ``-td`` on
+``torch.distributed`` over the ``ddp`` row's Gloo group (``dcredit-td`` beside ``ddp``).
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ import types
 from typing import Any, Callable
 
 from . import replay
-from .bench import collective_algorithm, init_gloo_process_group
+from .bench import PolicyName, collective_algorithm, init_gloo_process_group
 
 #: Target-cluster byte settings (Horovod 0.28, torch DDP, ByteScheduler's defaults).
 FUSION_BYTES = 128 << 20
@@ -59,6 +61,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not args.link_rate:
         p.error("no --link-rate and no VCLUSTER_RATE: run under scripts/vcluster.sh")
     args.policies = [x.strip() for x in args.policy.split(",") if x.strip()]
+    for policy in map(PolicyName.parse, args.policies):
+        if policy.baseline and policy.name != policy.base:
+            p.error(f"--policy {policy.name}: the -sync and -td suffixes apply to dcredit_hvd's "
+                    f"policies (e.g. dcredit-td), not to {policy.base}")
     return args
 
 
@@ -119,19 +125,20 @@ def make_step(policy: str, model: Any, hvd: Any, dilation: replay.Dilation,
 
     clock = model.clock
     opt: Any = torch.optim.SGD(model.parameters(), lr=0.01)   # no momentum: a cheap update
+    name = PolicyName.parse(policy)
     if policy == "ddp":
         model = torch.nn.parallel.DistributedDataParallel(
             model, bucket_cap_mb=dilation.scaled_bytes(DDP_BUCKET_BYTES) / 2**20)
     elif policy == "horovod":
         opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
     elif policy != "compute":
-        base = policy.removesuffix("-sync")
-        sizes = {} if base == "dcredit" else {
+        sizes = {} if name.base == "dcredit" else {
             "partition_bytes": dilation.scaled_bytes(PARTITION_BYTES),
             "credit_bytes": dilation.scaled_bytes(CREDIT_BYTES)}
         opt = dcredit_hvd.DistributedOptimizer(
             opt, named_parameters=model.named_parameters(),
-            model=None if policy.endswith("-sync") else model, policy=base, **sizes)
+            model=model if name.overlap else None, policy=name.base, transport=name.transport,
+            **sizes)
 
     def step() -> None:
         opt.zero_grad()
@@ -229,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     results["compute"] = runner.run("compute only", make_step("compute", fresh(), hvd,
                                                              dilation, x)[0])
     results["communication"] = runner.run("communication only", communication_step(fresh(), hvd))
-    if "ddp" in args.policies:
+    if any(p.base == "ddp" or p.transport for p in map(PolicyName.parse, args.policies)):
         init_gloo_process_group(hvd)
     kept: dict[str, Any] = {}
     for policy in args.policies:

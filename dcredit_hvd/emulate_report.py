@@ -6,7 +6,7 @@ import os
 from typing import Any
 
 from . import replay, simulator
-from .bench import link_need
+from .bench import PolicyName, link_need
 from .costmodel import CostModel
 from .profile import Profile
 
@@ -40,7 +40,9 @@ def predictions(profile: Profile, hosts: int, dilation: replay.Dilation,
     Horovod's dilated cycle), divided by K: cluster ms.  ``a`` is dcredit's live fit when it
     ran (as ``dcredit_hvd.bench`` does: taken while the model runs, as the policies see it), else
     the measured one-element all-reduce less half a cycle (the simulator waits for the next
-    cycle itself); both are kept in the JSON."""
+    cycle itself); both are kept in the JSON.  The ``-td`` rows (``torch.distributed``) have
+    no cycle and no fusion (each block its own all-reduce at once) and their own live fit's
+    ``a`` when they made one."""
     from .policies.dcredit import DCredit
 
     emulated = replay.emulated_profile(profile, dilation)
@@ -48,7 +50,9 @@ def predictions(profile: Profile, hosts: int, dilation: replay.Dilation,
     if need is None:
         return {}
     cycle = float(os.environ.get("HOROVOD_CYCLE_TIME", "1")) / 1e3
-    measured = next((k.measured for k in kept.values() if getattr(k, "measured", None)), None)
+    fits = [(name, k.measured) for name, k in kept.items() if getattr(k, "measured", None)]
+    fits.sort(key=lambda fit: PolicyName.parse(fit[0]).transport is not None)   # Horovod's first
+    measured = fits[0][1] if fits else None
     probe_a = max(simulator.DEFAULT_OP_OVERHEAD_S, startup_s - cycle / 2)
     a = measured[1].a if measured else probe_a
     cost = CostModel(a=a, b=need["seconds"] / emulated.total_bytes)
@@ -56,11 +60,18 @@ def predictions(profile: Profile, hosts: int, dilation: replay.Dilation,
     out: dict[str, Any] = {"a_wall_s": a, "a_probe_wall_s": probe_a, "cycle_wall_s": cycle,
                            "a_source": "dcredit live fit" if measured else "startup probe"}
     for name in policies:
-        base, overlap = name.removesuffix("-sync"), not name.endswith("-sync")
+        parsed = PolicyName.parse(name)
+        base, overlap = parsed.base, parsed.overlap
         if base == "ddp":
             continue
         kwargs: dict[str, Any] = {"overlap_forward": overlap and base != "horovod",
                                   "fusion_bytes": fusion, "cycle_s": cycle}
+        row_cost = cost
+        if parsed.transport is not None:
+            kwargs.update(cycle_s=0.0, fusion_bytes=0)
+            own = getattr(kept.get(name), "measured", None)
+            if own:
+                row_cost = CostModel(a=own[1].a, b=cost.b)
         policy: Any = base
         config = getattr(kept.get(name), "scheduler_config", None)
         if base in ("wfbp", "bytescheduler") and config is not None:
@@ -71,7 +82,7 @@ def predictions(profile: Profile, hosts: int, dilation: replay.Dilation,
                 continue
             policy = DCredit(made, overlap_forward=overlap)
         try:
-            seconds = simulator.simulate(emulated, cost, policy, **kwargs).iteration_s
+            seconds = simulator.simulate(emulated, row_cost, policy, **kwargs).iteration_s
         except (ValueError, IndexError) as exc:
             out[name] = {"error": f"{type(exc).__name__}: {exc}"}
             continue
@@ -151,13 +162,14 @@ def print_report(results: dict[str, Any]) -> None:
     ups = speedups(results)
     bases = [x for x in BASELINE_ORDER if x in results["policies"]]
     head = "".join(f"{'vs ' + x:>16}" for x in bases)
-    print(f"\n{'policy':<15}{'ms/iter':>9}{'x bound':>9}{head}{'simulated':>11}{'error':>8}"
+    width = max([15] + [len(name) + 1 for name in results["policies"]])
+    print(f"\n{'policy':<{width}}{'ms/iter':>9}{'x bound':>9}{head}{'simulated':>11}{'error':>8}"
           f"{'job CPU':>9}{'machine':>9}")
     for name, run in results["policies"].items():
         sim = run.get("simulated_ms")
         cols = "".join(f"{ups[name][x]:>15.2f}x" for x in bases)
         err = f"{100 * (sim - run['ms_mean']) / run['ms_mean']:+.1f}%" if sim else "-"
-        print(f"{name:<15}{run['ms_mean']:>9.1f}{run['x_bound']:>9.2f}{cols}"
+        print(f"{name:<{width}}{run['ms_mean']:>9.1f}{run['x_bound']:>9.2f}{cols}"
               f"{(f'{sim:.1f}' if sim else '-'):>11}{err:>8}"
               f"{100 * run['job_cpu_fraction']:>8.0f}%{100 * run['machine_busy_fraction']:>8.0f}%")
     print("\nfidelity checks:")

@@ -279,6 +279,53 @@ def test_report_bounds_checks_and_speedups() -> None:
     assert results["policies"]["dcredit"]["x_bound"] == pytest.approx(800 / b["bound_ms"])
 
 
+def test_report_simulates_td_rows_without_horovods_cycle_on_their_own_fit(monkeypatch) -> None:
+    """A ``-td`` row (torch.distributed): no cycle, no fusion, its own live fit's startup; the
+    rows over Horovod keep the dilated cycle and the Horovod-measured startup, even when the
+    -td row made its fit first."""
+    import types
+
+    from dcredit_hvd import emulate_report, simulator
+    from dcredit_hvd.costmodel import CostModel
+
+    monkeypatch.setenv("HOROVOD_CYCLE_TIME", "4")
+    monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", str(5 << 20))
+    profile, _ = replay.load(replay.shipped("vgg16"))
+    d = Dilation.for_cluster("10gbit", "100mbit", byte_scale=25)
+    sizes = types.SimpleNamespace(partition_bytes=160_000, credit_bytes=640_000)
+
+    def kept(a: float) -> types.SimpleNamespace:
+        return types.SimpleNamespace(scheduler_config=sizes, plan=None,
+                                     measured=(None, CostModel(a=a, b=1e-9)))
+    results = fake_results(profile, d, 8, {"compute": 780.0, "communication": 800.0,
+                                           "wfbp-td": 900.0, "wfbp": 950.0})
+    emulate_report.analyse(results, profile, d, kept={"wfbp-td": kept(0.002),
+                                                      "wfbp": kept(0.03)})
+    emulated = replay.emulated_profile(profile, d)
+    b = emulate_report.link_need(emulated.total_bytes, 8, "100000000bit")["seconds"] \
+        / emulated.total_bytes
+    common = {"overlap_forward": True, "partition_bytes": 160_000, "credit_bytes": 640_000}
+    td = simulator.simulate(emulated, CostModel(a=0.002, b=b), "wfbp", cycle_s=0.0,
+                            fusion_bytes=0, **common).iteration_s
+    horovod = simulator.simulate(emulated, CostModel(a=0.03, b=b), "wfbp", cycle_s=0.004,
+                                 fusion_bytes=5 << 20, **common).iteration_s
+    assert results["simulated"]["a_wall_s"] == 0.03
+    assert results["policies"]["wfbp-td"]["simulated_ms"] == pytest.approx(d.cluster(td) * 1e3)
+    assert results["policies"]["wfbp"]["simulated_ms"] == pytest.approx(d.cluster(horovod) * 1e3)
+    assert td != pytest.approx(horovod)
+
+
+def test_emulate_refuses_suffixes_on_a_baseline() -> None:
+    from dcredit_hvd import emulate
+
+    base = ["--profile", "vgg16", "--target-rate", "10gbit", "--link-rate", "100mbit",
+            "--byte-scale", "25"]
+    with pytest.raises(SystemExit):
+        emulate.parse_args([*base, "--policy", "ddp-td"])
+    assert emulate.parse_args([*base, "--policy", "ddp,dcredit-td"]).policies == ["ddp",
+                                                                                  "dcredit-td"]
+
+
 def test_gpt2_bound_counts_the_tied_embedding() -> None:
     from dcredit_hvd import emulate_report
 
