@@ -27,7 +27,8 @@ DOC = ROOT / "docs" / "troubleshooting.md"
 #: cost-model fit run while ``dcredit`` profiles or when ``plan``/``simulate`` read a profile).
 USER_FACING = ("optimizer.py", "config.py", "scheduler.py", "updates.py", "device.py",
                "policies/*.py", "__main__.py", "blocks.py", "costmodel.py", "__init__.py",
-               "liveness.py", "liveness_settings.py", "handshake.py", "interfaces.py",
+               "liveness.py", "liveness_mesh.py", "liveness_settings.py", "handshake.py",
+               "interfaces.py",
                "agreement.py", "instances.py",
                "arguments.py", "checks.py", "gradients.py", "lifecycle.py", "lifetime.py",
                "overlap.py", "instrument.py", "runtime.py", "state.py", "units.py",
