@@ -146,7 +146,8 @@ while [ ${#pids[@]} -gt 0 ]; do
     finished=
     wait -n -p finished "${pids[@]}"
     status=$?
-    [ -n "$finished" ] || continue
+    # a trapped signal never returns here (on_signal exits); no pid means no such child
+    [ -n "$finished" ] || die "lost track of the torchruns (wait: status $status)" 3
     left=()
     for pid in "${pids[@]}"; do [ "$pid" = "$finished" ] || left+=("$pid"); done
     pids=("${left[@]}")
