@@ -124,3 +124,55 @@ def test_the_environment_variable_chooses_the_transport() -> None:
         print(type(opt._state.transport).__name__, opt.scheduler_config.sources["transport"])
     """, env=env)
     assert "TorchTransport environment" in out, out
+
+
+SUBGROUP_JOB = """
+import sys
+from datetime import timedelta
+import torch, torch.distributed as dist
+import dcredit_hvd
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+pair = dist.new_group([0, 1])                    # every rank calls new_group, as required
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 2)
+opt = dcredit_hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters(),
+                                       model=model, process_group=pair)
+for step in range(4):
+    opt.zero_grad()
+    model(torch.full((2, 4), float(rank + step))).sum().backward()
+    opt.step()
+    loss = torch.ones(1)
+    dist.all_reduce(loss)                        # the user's own collective, every step
+    assert loss.item() == 3.0, loss
+other = dist.new_group([1, 2], timeout=timedelta(seconds=20))   # counters still agree
+if rank > 0:
+    t = torch.ones(1)
+    dist.all_reduce(t, group=other)
+    assert t.item() == 2.0
+opt.apply_pending_updates()
+weights = [None] * 3
+dist.all_gather_object(weights, model.weight.detach().clone())
+if rank == 0:
+    assert torch.equal(weights[0], weights[1]), weights
+    assert not torch.equal(weights[0], weights[2]), "rank 2 is outside: its own local steps"
+    print("subgroup OK")
+dist.destroy_process_group()
+"""
+
+
+def test_a_subgroup_needs_nothing_of_the_ranks_outside_and_user_collectives_never_interleave(
+        tmp_path) -> None:
+    """Ranks outside ``process_group`` build the optimizer as a pass-through and make no group;
+    the user's own all-reduce on the default group, each step, meets no collective of ours
+    (they run on groups of their own), and later ``new_group`` calls still match."""
+    import os
+    import shutil
+    script = tmp_path / "job.py"
+    script.write_text(SUBGROUP_JOB)
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or "torchrun"
+    result = subprocess.run([torchrun, "--nproc-per-node", "3", "--master-port", "29561",
+                             str(script)], capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "subgroup OK" in result.stdout

@@ -7,11 +7,12 @@ order they are issued in, so every collective the scheduler submits goes through
 issues in that published order (``ordering.IssueOrder``, ``docs/design.md`` "One order without a
 coordinator").  One channel per group, shared by every optimizer over it.
 
-Two groups per channel, each used by one thread's order, so no two threads interleave on one:
-* the user's group carries every submitted all-reduce (issued under the order's lock, in rank
-  0's order);
-* ``objects`` (Gloo, made here): the training thread's object collectives (plan broadcast,
-  agreement checks, the liveness exchange), in program order on every rank.
+Two groups of its own per channel, over the user's group's ranks (made by those ranks only), so
+that no two threads, and none of the user's own collectives, interleave on one group:
+* ``wire`` (the user's group's backend) carries every submitted all-reduce, issued under the
+  order's lock in rank 0's order;
+* ``objects`` (Gloo): the training thread's object collectives (plan broadcast, agreement
+  checks, the liveness exchange), in program order on every rank.
 Rank 0's order reaches the followers over ``sidechannel.Star`` (one TCP connection each).
 
 Averaging is DDP's: the sum divided by the group's size (Gloo has no average op).  Public
@@ -108,9 +109,14 @@ class Channel:
         self.ranks = dist.get_process_group_ranks(group)
         self.rank = dist.get_rank(group)
         self.size = len(self.ranks)
-        self.nccl = dist.get_backend(group) == "nccl"
-        # collective over the whole job (new_group's rule): every rank builds the channel
-        self.objects = dist.new_group(self.ranks, backend="gloo", timeout=SIDE_TIMEOUT)
+        backend = dist.get_backend(group)
+        self.nccl = backend == "nccl"
+        # Groups of our own, made by the members only (local synchronization: ranks outside
+        # the group call nothing), so that the user's own collectives on ``group`` (a loss
+        # all-reduce for logging) never interleave with ours, which other threads issue.
+        self.wire = dist.new_group(self.ranks, backend=backend, use_local_synchronization=True)
+        self.objects = dist.new_group(self.ranks, backend="gloo", timeout=SIDE_TIMEOUT,
+                                      use_local_synchronization=True)
         self.order = IssueOrder(self.rank == 0, self._issue, self._post, order_timeout())
         self.star: Optional[Star] = None
         self._closed = False
@@ -144,7 +150,7 @@ class Channel:
         if prescale != 1.0:
             tensor.mul_(prescale)
         reduce = dist.ReduceOp.SUM if op == AVERAGE else op
-        return dist.all_reduce(tensor, op=reduce, group=self.group, async_op=True)
+        return dist.all_reduce(tensor, op=reduce, group=self.wire, async_op=True)
 
     def _post(self, entry: Entry) -> None:
         """Rank 0: publish what it just issued (the order's lock is held, so lines go out in
@@ -202,7 +208,7 @@ class TorchTransport:
 
     def __init__(self, group: Any = None) -> None:
         self.group = default_group() if group is None else group
-        self.member = self.group is not dist.GroupMember.NON_GROUP_MEMBER
+        self.member = not _outside(self.group)
         self.channel = channel(self.group) if self.member else None
 
     def rank(self) -> int:
@@ -313,10 +319,16 @@ def local_step_module() -> str:
     return "dcredit_hvd.optimizer"
 
 
+def _outside(group: Any) -> bool:
+    """What ``new_group`` returned on a rank that is not a member (an int marker)."""
+    return not isinstance(group, dist.ProcessGroup) and group == dist.GroupMember.NON_GROUP_MEMBER
+
+
 def accepts(group: Any) -> bool:
-    """``torch.distributed``'s groups (``ProcessGroup``; ``None`` is not one: the default
-    group is chosen by name, ``transport='torch.distributed'``)."""
-    return is_initialized() and isinstance(group, dist.ProcessGroup)
+    """``torch.distributed``'s groups (``ProcessGroup``, or ``new_group``'s value on a rank
+    outside it, where the optimizer passes through as Horovod's does; ``None`` is not one: the
+    default group is chosen by name, ``transport='torch.distributed'``)."""
+    return is_initialized() and (isinstance(group, dist.ProcessGroup) or _outside(group))
 
 
 def transport(group: Any) -> TorchTransport:
