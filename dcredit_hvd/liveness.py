@@ -244,9 +244,10 @@ class Liveness:
         if not line.startswith(b"bye "):
             return
         try:
-            reason = json.loads(line[4:]).get("error")
+            payload = json.loads(line[4:])
         except ValueError:
-            reason = "an unreadable goodbye"
+            payload = None
+        reason = payload.get("error") if isinstance(payload, dict) else "an unreadable goodbye"
         self._mesh.forget(peer)
         if reason:
             self._declare(peer, "failed", reason)

@@ -338,6 +338,8 @@ class Mesh:
         peer.sock, peer.connected, peer.buffer = conn, True, rest
         peer.last_seen = time.monotonic()
         self.send(peer, challenge.welcome(rank, theirs))
+        if peer.sock is not conn or conn.fileno() < 0:
+            return      # the welcome failed (the peer reset): declared closed, nothing to read
         self._selector.register(conn, selectors.EVENT_READ, peer)
         self._lines(peer)
 

@@ -485,3 +485,24 @@ def test_a_channel_listens_where_its_settings_say():
         assert channel.address()["addrs"] == ["127.0.0.1"]
     finally:
         channel.close()
+
+
+def test_a_goodbye_that_is_no_json_object_is_a_failure_not_a_dead_heartbeat():
+    """``bye []`` from a proved peer: declared failed ("an unreadable goodbye"); the channel's
+    thread goes on watching the other peers."""
+    channels = _mesh(3)
+    try:
+        deadline = time.monotonic() + 10
+        while channels[1]._mesh.peers[0].sock is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        channels[1]._mesh.peers[0].sock.send(b"bye []\n")
+        lost = channels[0].wait_lost(10.0)
+        assert [(e.rank, e.what, e.detail) for e in lost] == [(1, "failed", "an unreadable goodbye")]
+        channels[2].close()                     # still watched: the thread survived
+        deadline = time.monotonic() + 10
+        while len(channels[0].lost) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [e.rank for e in channels[0].lost] == [1, 2]
+    finally:
+        for c in channels:
+            c.close()
