@@ -101,9 +101,11 @@ class IssueOrder:
                 sub.error = self._failed
                 return sub
             if self.gate:
-                self._start(sub)
+                # Published before it is issued: an issue may block until every rank issued
+                # it too (NCCL initialises a communicator at its first collective).
                 if self._publish is not None:
                     self._publish(sub.entry)
+                self._start(sub)
             else:
                 self._waiting.setdefault(sub.entry.name, collections.deque()).append(sub)
                 self._drain()

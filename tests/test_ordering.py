@@ -170,3 +170,17 @@ def test_followers_log_equals_the_gates_under_random_interleavings(seed: int) ->
     assert len(gate.log) == len(names)
     for follower in followers:
         assert list(follower.log) == list(gate.log)
+
+
+def test_the_gate_publishes_an_entry_before_it_issues_it() -> None:
+    """An issue may block until the followers issue too (NCCL's first collective initialises
+    its communicator): they must have the entry by then."""
+    published: list[str] = []
+    seen_at_issue: list[list[str]] = []
+
+    def issue(sub: Submission) -> bool:
+        seen_at_issue.append(list(published))
+        return True
+    order = IssueOrder(True, issue, lambda e: published.append(e.name))
+    order.submit(Submission(entry("first")))
+    assert seen_at_issue == [["first"]]
