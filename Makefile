@@ -16,13 +16,13 @@ MPIRUN    := timeout -k 10 $(MULTIRANK_TIMEOUT) mpirun -np 2 --oversubscribe --b
 HVDRUN    := timeout -k 10 $(MULTIRANK_TIMEOUT) horovodrun -np 2 -H localhost:2 --gloo
 PYTEST_MR := $(PY) -m pytest -q -p no:cacheprovider tests/multirank
 
-.PHONY: install test test-unit test-mpi test-gloo vcluster-report demo demo-drift bench lint clean gpu-wheelhouse gpu-check
+.PHONY: install test test-unit test-mpi test-gloo test-torchrun vcluster-report demo demo-drift bench lint clean gpu-wheelhouse gpu-check
 
 install:
 	VENV=$(VENV) ./scripts/install.sh
 
 test: install
-	$(MAKE) test-unit test-mpi test-gloo vcluster-report
+	$(MAKE) test-unit test-mpi test-gloo test-torchrun vcluster-report
 
 test-unit:
 	$(PY) -m pytest -q tests --ignore=tests/multirank
@@ -34,6 +34,15 @@ test-mpi:
 test-gloo:
 	$(HVDRUN) $(PYTEST_MR)
 	$(HVDRUN) $(PY) tests/multirank/exit_applies_updates.py
+
+# The third launcher: tests/torchrun on the torch.distributed transport (Gloo, no Horovod), one
+# pytest per rank; --standalone picks a free port.  A test that runs past 300 s prints every
+# thread's stack.  The jobs that kill or desynchronise a rank are tests/test_torchrun_jobs.py.
+test-torchrun:
+	@start=$$(date +%s); timeout -k 10 $(MULTIRANK_TIMEOUT) torchrun --standalone \
+	  --nproc-per-node 2 -m pytest -q -p no:cacheprovider -o faulthandler_timeout=300 \
+	  tests/torchrun; status=$$?; \
+	echo "test-torchrun: $$(( $$(date +%s) - start )) s, exit status $$status"; exit $$status
 
 # Beside the instrument check (tests/test_vcluster.py, in test-unit): what a 24 MiB hvd.allreduce
 # takes on 2 virtual hosts at 1 Gbit/s with Open MPI's default all-reduce and with the one the

@@ -1,0 +1,85 @@
+"""Ranks whose collectives really diverge, on the torch.distributed transport; launched by
+``tests/test_torchrun_jobs.py`` under ``torchrun --nproc-per-node 2`` (a job of its own: the
+group is left desynchronised).
+
+``python diverge.py MODE``, after two iterations trained together:
+
+* ``path``: rank 1 also steps an auxiliary optimizer (without ``model=``) that rank 0 never
+  steps, so rank 1 submits gradients rank 0 never issues while rank 0 issues its next
+  iteration's; rank 1 must raise ``OrderMismatchError`` naming both after
+  ``DCREDIT_ORDER_TIMEOUT`` seconds, not hang.
+* ``count``: both ranks submit a collective under one name, 4 elements on rank 0 and 5 on
+  rank 1; rank 1 must raise at once, before anything is summed.
+
+Each rank writes its pid to ``$FAILURE_PID_DIR``; rank 1 writes ``diverged_at`` (the time it
+left the common path); an excepthook writes ``raised<rank>`` (time, type, message) when the
+training thread raises, which is then left to end the process (non-zero).
+"""
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+import dcredit_hvd
+
+MODE = sys.argv[1]
+PID_DIR = os.environ["FAILURE_PID_DIR"]
+
+dist.init_process_group("gloo")
+torch.set_num_threads(1)
+rank = dist.get_rank()
+with open(os.path.join(PID_DIR, f"rank{rank}.pid"), "w") as fh:
+    fh.write(str(os.getpid()))
+
+
+def note_raise(kind, value, tb, _previous=sys.excepthook):
+    with open(os.path.join(PID_DIR, f"raised{rank}"), "w") as fh:
+        fh.write(f"{time.time()!r} {kind.__name__} {value}")
+    _previous(kind, value, tb)
+
+
+def diverged() -> None:
+    with open(os.path.join(PID_DIR, "diverged_at"), "w") as fh:
+        fh.write(repr(time.time()))
+
+
+def optimizer(model: nn.Module, prefix: str):
+    return dcredit_hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        named_parameters=[(f"{prefix}.{n}", p) for n, p in model.named_parameters()],
+        policy="bytescheduler", partition_bytes=1024)
+
+
+def step(model: nn.Module, opt, gen: torch.Generator) -> None:
+    opt.zero_grad()
+    x, y = torch.randn(8, 32, generator=gen), torch.randint(0, 10, (8,), generator=gen)
+    F.cross_entropy(model(x), y).backward()
+    opt.step()
+
+
+sys.excepthook = note_raise
+torch.manual_seed(0)
+main = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+aux = nn.Sequential(nn.Linear(32, 10))
+main_opt, aux_opt = optimizer(main, "main"), optimizer(aux, "aux")
+gen = torch.Generator().manual_seed(rank)
+for _ in range(2):
+    step(main, main_opt, gen)
+print(f"rank {rank}: two iterations trained together", flush=True)
+if MODE == "path":
+    for _ in range(3):
+        step(main, main_opt, gen)
+        if rank == 1:
+            diverged()
+            step(aux, aux_opt, gen)          # rank 0 never steps it
+elif MODE == "count":
+    transport = main_opt._state.transport
+    if rank == 1:
+        diverged()
+    handle = transport.submit(torch.ones(4 if rank == 0 else 5), "probe", transport.sum)
+    transport.wait(handle)
+print(f"rank {rank}: still running after the divergence", flush=True)
