@@ -27,12 +27,13 @@ OPTIMIZERS = {
     "adamw": lambda ps: torch.optim.AdamW(ps, lr=3e-3, weight_decay=0.01),
     "sgd_momentum": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, nesterov=True),
 }
-#: The architecture and the optimizer it trains with: a decoder with a tied embedding, an
-#: encoder-decoder with a relative position bias, a vision transformer with root parameters
-#: read first, a mixture of experts (per-rank routing) and a two-tower model with a root
+#: The architecture and the optimizer it trains with: a decoder with a tied embedding, two
+#: encoder-decoders (a relative position bias; shared embeddings), a vision transformer with
+#: root parameters read first, windowed attention with a relative position table, a CNN with
+#: batch norm, a mixture of experts (per-rank routing) and a two-tower model with a root
 #: parameter read last.
-ARCHITECTURES = {"gpt2": "adamw", "t5": "sgd_momentum", "vit": "sgd_momentum",
-                 "mixtral": "adamw", "clip": "adamw"}
+ARCHITECTURES = {"gpt2": "adamw", "t5": "sgd_momentum", "bart": "adamw", "vit": "sgd_momentum",
+                 "swin": "adamw", "resnet": "sgd_momentum", "mixtral": "adamw", "clip": "adamw"}
 #: As in the Horovod suite: small blocks; dcredit profiles iterations 1-3 and runs its plan
 #: from iteration 4 on, with runs of gradients under 16 KiB in flat buffers cut into 4 KiB blocks.
 SCHEDULE = dict(partition_bytes=4096, credit_bytes=16384, profile_warmup=1, profile_steps=2,
