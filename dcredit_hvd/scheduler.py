@@ -29,6 +29,7 @@ import torch
 
 from .blocks import Block
 from .liveness import Liveness, PeerEvent
+from .ordering import OrderMismatchError
 from .policies.base import Policy
 from .weak import weakly
 
@@ -364,6 +365,8 @@ class BlockScheduler:
             exc = self._error
             if isinstance(exc, PeerLostError):
                 raise PeerLostError(str(exc), exc.events)
+            if isinstance(exc, OrderMismatchError):      # a diagnosis of the job, as it is
+                raise OrderMismatchError(str(exc)) from exc
             if self._liveness is not None and isinstance(exc, self._passthrough):
                 # Horovod's error says a peer failed, not which: the channel may know.
                 lost = self._liveness.wait_lost(PEER_NAME_WAIT_SECONDS)

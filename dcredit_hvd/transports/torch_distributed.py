@@ -79,10 +79,13 @@ def order_timeout() -> float:
 
 def check_op(op: Any) -> None:
     """The factory's check (at construction, before any gradient): the mean or the sum."""
-    if op not in (AVERAGE, SUM):
+    # ReduceOp compares equal to ints, and Horovod's constants are ints (hvd.Average is 0,
+    # ReduceOp.SUM's value): only torch.distributed's own ops are taken
+    if not isinstance(op, (dist.ReduceOp, dist.ReduceOp.RedOpType)) or op not in (AVERAGE, SUM):
         raise ValueError(f"dcredit_hvd: op={op!r} is not supported on torch.distributed: pass "
                          "op=None or torch.distributed.ReduceOp.AVG (the mean, as DDP) or "
-                         "torch.distributed.ReduceOp.SUM")
+                         "torch.distributed.ReduceOp.SUM (Horovod's hvd.Average/hvd.Sum are "
+                         "Horovod's)")
 
 
 def is_initialized() -> bool:
