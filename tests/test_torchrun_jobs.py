@@ -167,14 +167,10 @@ def test_ranks_on_diverged_paths_are_told_the_first_divergence_instead_of_hangin
         f"raised after {found.after:.1f} s"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "transport bug: through the optimizer the mismatch reaches the training thread as "
-    "SchedulerError('the communication thread failed: OrderMismatchError: ...'), from the "
-    "OrderMismatchError (scheduler._raise_if_failed passes only PeerLostError and the "
-    "transport's failure type through); docs/troubleshooting.md and ordering.py promise "
-    "OrderMismatchError"))
 def test_ranks_on_diverged_paths_raise_order_mismatch_error_itself(
         diverged_paths: Diverged) -> None:
+    """Through the optimizer (its completion thread met the divergence) the training thread
+    gets ``OrderMismatchError`` itself, not a ``SchedulerError`` around it: users catch it."""
     assert diverged_paths.kind == "OrderMismatchError", diverged_paths.kind
 
 

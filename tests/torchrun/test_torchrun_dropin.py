@@ -109,12 +109,10 @@ def _horovod_ops() -> dict[str, Any]:
     return {"Average": hvd.Average, "Sum": hvd.Sum}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "transport bug: TorchTransport.submit checks `op not in (AVG, SUM)` with ==, and "
-    "torch.distributed's ReduceOp compares equal to ints: hvd.Average (0) is taken as "
-    "ReduceOp.SUM and hvd.Sum (1) as ReduceOp.AVG, silently"))
 @pytest.mark.parametrize("name", ["Average", "Sum"])
 def test_horovods_op_constants_are_refused_under_torchrun(name: str) -> None:
+    """``hvd.Average`` and ``hvd.Sum`` are ints (0 and 1) that ``ReduceOp.SUM`` and
+    ``ReduceOp.AVG`` compare equal to: taken as ops they would swap the mean and the sum."""
     model = make_model(rank=rank())
     kind, message = _raised(lambda: _build(model, op=_horovod_ops()[name]))
     assert_all_ranks(kind is ValueError and "not supported on torch.distributed" in message,
