@@ -110,11 +110,12 @@ class PeerLostError(RuntimeError):
         ranks = ", ".join(str(e.rank) for e in events)
         return cls(
             f"dcredit_hvd: lost {len(events)} peer process(es) of this job: {what}. This rank "
-            f"stops now: Horovod cannot continue without rank(s) {ranks}, and it would wait for "
-            "them for ever. Find the cause in that rank's own log or on its host (a traceback, "
-            "the kernel's out-of-memory killer in dmesg, a node or network failure), then "
-            "restart from the last checkpoint; to survive lost workers, train with "
-            "hvd.elastic.run.", tuple(events))
+            f"stops now: the collective library cannot continue without rank(s) {ranks}, and "
+            "it would wait for them for ever. Find the cause in that rank's own log or on its "
+            "host (a traceback, the kernel's out-of-memory killer in dmesg, a node or network "
+            "failure), then restart from the last checkpoint; to survive lost workers, train "
+            "with hvd.elastic.run (Horovod) or let torchrun restart the workers "
+            "(--max-restarts).", tuple(events))
 
 
 class BlockScheduler:
