@@ -176,3 +176,26 @@ def test_a_subgroup_needs_nothing_of_the_ranks_outside_and_user_collectives_neve
                              str(script)], capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "subgroup OK" in result.stdout
+
+
+def test_a_collective_that_fails_in_gloo_raises_the_transports_failure_type() -> None:
+    """Gloo raises a plain RuntimeError ("Connection reset by peer") when a peer dies; as the
+    transport's ``failure`` (``DistError``) the scheduler waits for the liveness channel to
+    name the dead rank (``PeerLostError``) instead of reporting its own thread's failure."""
+    run("""
+        from dcredit_hvd.ordering import Entry, Submission
+        from dcredit_hvd.transports.torch_distributed import TorchTransport
+        class Broken:
+            def is_completed(self): return True
+            def wait(self): raise RuntimeError("[pair.cc:537] Read error: Connection reset by peer")
+        link = TorchTransport()
+        sub = Submission(Entry("g", 1, "float32"), {"wire": torch.zeros(1), "out": torch.zeros(1),
+                                                  "scale": 1.0}, work=Broken())
+        try:
+            link.collect(sub)
+        except link.failure as exc:
+            assert "'g' failed" in str(exc) and "Connection reset" in str(exc), exc
+            assert isinstance(exc.__cause__, RuntimeError)
+        else:
+            raise AssertionError("no failure raised")
+    """)

@@ -267,7 +267,13 @@ class TorchTransport:
     def collect(self, handle: Submission) -> torch.Tensor:
         if handle.error is not None:
             raise handle.error
-        handle.work.wait()
+        try:
+            handle.work.wait()
+        except FAILURE:
+            raise
+        except RuntimeError as exc:   # Gloo's "Connection reset by peer" is a plain one
+            raise FAILURE(f"dcredit_hvd: the all-reduce {handle.entry.name!r} failed: "
+                          f"{exc}") from exc
         wire, out, scale = handle.payload["wire"], handle.payload["out"], handle.payload["scale"]
         if scale != 1.0:
             wire.mul_(scale)
