@@ -2,25 +2,23 @@
 
 Single-process pytest that launches ``mpirun -np 2`` / ``horovodrun -np 2 --gloo`` itself on the
 scripts in ``tests/failure/``.  Each launch runs in its own process group and is killed on timeout,
-so a regression shows as a failed test, never as a hung CI job.
+so a regression shows as a failed test, never as a hung CI job (``launched_jobs.py``, shared with
+``tests/test_torchrun_jobs.py``).
 """
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import signal
-import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Callable, Optional
 
 import pytest
 
+from launched_jobs import BIN, job_env, launch, reap_frozen_rank_1
+
 HERE = Path(__file__).resolve().parent / "failure"
-BIN = Path(sys.executable).parent
 #: Every surviving rank must be gone this long after its peer failed (the issue's limit).
 PEER_FAILURE_LIMIT_S = 60.0
 #: Hard limit on any launch: start-up on a loaded 2-core machine included.
@@ -40,77 +38,19 @@ HVDRUN = [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo"]
 LAUNCHERS = {"mpi": MPIRUN, "gloo": HVDRUN}
 
 
-def _env(pid_dir: Path, defaults: bool = False, extra: Optional[dict] = None) -> dict:
-    """``defaults``: no ``DCREDIT_*`` setting from the caller's environment (the Makefile
-    exports a shorter stall limit), as a user who sets nothing runs."""
-    env = {k: v for k, v in os.environ.items() if not (defaults and k.startswith("DCREDIT_"))}
-    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               FAILURE_PID_DIR=str(pid_dir), PYTHONUNBUFFERED="1", DCREDIT_LOG_LEVEL="WARNING",
-               PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(HERE.parent.parent),
-                                                         env.get("PYTHONPATH")])))
-    env.update(extra or {})
-    return env
+#: Open MPI refuses root without these (CI and these machines run as root).
+OMPI_AS_ROOT = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 
 
 def _launch(command: list[str], pid_dir: Path, timeout: float = LAUNCH_TIMEOUT_S,
             defaults: bool = False, extra: Optional[dict] = None,
-            meanwhile: Optional[Callable[[threading.Event], None]] = None):
-    """Run ``command`` in its own session; kill the whole group on timeout.  ``meanwhile``
-    runs in a thread until the command ended (its event is set then).  Returns
-    ``(returncode or None on timeout, output, seconds, end time)``."""
-    started = time.time()
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            env=_env(pid_dir, defaults, extra), start_new_session=True,
-                            text=True)
-    ended = threading.Event()
-    helper = threading.Thread(target=meanwhile, args=(ended,), daemon=True) if meanwhile else None
-    if helper is not None:
-        helper.start()
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-        code = proc.returncode
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        code = None
-    finally:
-        ended.set()
-        _kill_leftovers(pid_dir)
-    return code, output, time.time() - started, time.time()
-
-
-def _alive(pid: int) -> bool:
-    """Running (a zombie left to a non-reaping init does not count: it holds no resources)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
-    return fields[0] not in ("Z", "X")
-
-
-def _rank_pids(pid_dir: Path) -> list[int]:
-    return [int(f.read_text()) for f in pid_dir.glob("*.pid") if f.read_text().strip()]
-
-
-def _leftovers(pid_dir: Path, grace: float = 10.0) -> list[int]:
-    deadline = time.time() + grace
-    while True:
-        alive = [pid for pid in _rank_pids(pid_dir) if _alive(pid)]
-        if not alive or time.time() > deadline:
-            return alive
-        time.sleep(0.2)
-
-
-def _kill_leftovers(pid_dir: Path) -> None:
-    """Leave nothing behind even when the test fails: the pids were recorded by the scripts."""
-    alive = _leftovers(pid_dir, grace=5.0)
-    for pid in alive:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    pid_dir.joinpath("leftovers").write_text(" ".join(map(str, alive)))
+            meanwhile: Optional[Callable[[threading.Event], None]] = None,
+            ) -> tuple[Optional[int], str, float, float]:
+    """``launch`` with Open MPI allowed to run as root; ``defaults``: no ``DCREDIT_*``
+    setting from the caller's environment.  Returns ``(returncode or None on timeout, output,
+    seconds, end time)``."""
+    env = job_env(pid_dir, defaults, {**OMPI_AS_ROOT, **(extra or {})})
+    return launch(command, env, pid_dir, timeout, meanwhile)
 
 
 def _needs(launcher: str) -> None:
@@ -262,19 +202,6 @@ DEATHS = [("mpi", "exit", "no-abort"), ("mpi", "kill", "hide"), ("gloo", "exit",
           ("gloo", "kill", "hide"), ("mpi", "stop", ""), ("gloo", "stop", "")]
 
 
-def _reap_frozen_rank_1(pid_dir: Path, done: threading.Event) -> None:
-    """Once rank 0 has ended, kill the frozen rank 1, as whoever froze it would: horovodrun
-    ends its workers with SIGTERM, which a stopped process never receives, so it waits for
-    ever (mpirun sends SIGCONT first)."""
-    while not done.wait(0.2):
-        if (pid_dir / "status0").exists():
-            done.wait(10.0)                      # the launcher's own chance first
-            for pid in _rank_pids(pid_dir):
-                if _alive(pid):
-                    os.kill(pid, signal.SIGKILL)
-            return
-
-
 @pytest.mark.parametrize("launcher,mode,unnoticed", DEATHS)
 def test_a_dead_peer_ends_the_job_within_30_s_when_the_launcher_does_not_notice(
         tmp_path, launcher, mode, unnoticed):
@@ -290,7 +217,7 @@ def test_a_dead_peer_ends_the_job_within_30_s_when_the_launcher_does_not_notice(
     code, output, seconds, ended = _launch(
         command, tmp_path, defaults=True,
         extra={"UNNOTICED_HIDE": "1" if unnoticed == "hide" else "0"},
-        meanwhile=(lambda done: _reap_frozen_rank_1(tmp_path, done)) if mode == "stop" else None)
+        meanwhile=(lambda done: reap_frozen_rank_1(tmp_path, done)) if mode == "stop" else None)
     tail = output[-5000:]
     assert code is not None, f"the job hung for {LAUNCH_TIMEOUT_S:.0f} s after its peer died:\n{tail}"
     failed_at = tmp_path / "failed_at"

@@ -5,25 +5,23 @@ own collectives on the optimizer's group (a mismatch aborts the process in Gloo)
 Single-process pytest that launches ``torchrun --standalone --nproc-per-node 2`` itself on the
 scripts in ``tests/torchrun/`` (as ``tests/test_failures.py`` does with mpirun and horovodrun).
 Each launch runs in its own session and is killed on timeout, so a regression shows as a failed
-test, never as a hung CI job; no process may be left behind.
+test, never as a hung CI job; no process may be left behind (``launched_jobs.py``, shared with
+``tests/test_failures.py``).
 """
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
 import pytest
 
+from launched_jobs import BIN, job_env, launch, reap_frozen_rank_1
+
 HERE = Path(__file__).resolve().parent / "torchrun"
-BIN = Path(sys.executable).parent
 TORCHRUN = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2"]
 #: Hard limit on any launch: start-up on a loaded 2-core machine included.
 LAUNCH_TIMEOUT_S = 180.0
@@ -41,69 +39,15 @@ SILENT = "s: its host is unreachable or the process is frozen"
 pytestmark = pytest.mark.skipif(not (BIN / "torchrun").exists(), reason="torchrun not installed")
 
 
-def _env(pid_dir: Path, extra: Optional[dict] = None) -> dict:
-    """No ``DCREDIT_*`` setting from the caller's environment (the Makefile exports a shorter
-    stall limit): the jobs run as a user who sets nothing, plus ``extra``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DCREDIT_")}
-    env.update(FAILURE_PID_DIR=str(pid_dir), PYTHONUNBUFFERED="1", DCREDIT_LOG_LEVEL="WARNING",
-               PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(HERE.parent.parent),
-                                                         env.get("PYTHONPATH")])))
-    env.update(extra or {})
-    return env
-
-
 def _launch(command: list[str], pid_dir: Path, extra: Optional[dict] = None,
             meanwhile: Optional[Callable[[threading.Event], None]] = None,
             ) -> tuple[Optional[int], str, float]:
-    """Run ``command`` in its own session; kill the whole session on timeout.  ``meanwhile``
-    runs in a thread until the command ended.  Returns ``(returncode or None on timeout,
-    output, end time)``."""
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            env=_env(pid_dir, extra), start_new_session=True, text=True)
-    ended = threading.Event()
-    helper = threading.Thread(target=meanwhile, args=(ended,), daemon=True) if meanwhile else None
-    if helper is not None:
-        helper.start()
-    try:
-        output, _ = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
-        code: Optional[int] = proc.returncode
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        code = None
-    finally:
-        ended.set()
-        _kill_leftovers(pid_dir)
-    return code, output, time.time()
-
-
-def _alive(pid: int) -> bool:
-    """Running (a zombie left to a non-reaping init holds nothing)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
-    return fields[0] not in ("Z", "X")
-
-
-def _pids(pid_dir: Path) -> list[int]:
-    return [int(f.read_text()) for f in pid_dir.glob("*.pid") if f.read_text().strip()]
-
-
-def _kill_leftovers(pid_dir: Path, grace: float = 5.0) -> None:
-    """Leave nothing behind even when the test fails; note what was still alive."""
-    deadline = time.time() + grace
-    alive = [pid for pid in _pids(pid_dir) if _alive(pid)]
-    while alive and time.time() < deadline:
-        time.sleep(0.2)
-        alive = [pid for pid in alive if _alive(pid)]
-    for pid in alive:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    pid_dir.joinpath("leftovers").write_text(" ".join(map(str, alive)))
+    """``launch`` as a user who sets no ``DCREDIT_*`` variable (the Makefile exports a shorter
+    stall limit), plus ``extra``.  Returns ``(returncode or None on timeout, output, end
+    time)``."""
+    code, output, _, ended = launch(command, job_env(pid_dir, extra=extra), pid_dir,
+                                    LAUNCH_TIMEOUT_S, meanwhile)
+    return code, output, ended
 
 
 def _record(pid_dir: Path, name: str) -> Optional[str]:
@@ -188,18 +132,6 @@ def test_a_name_reduced_with_another_element_count_raises_at_once(tmp_path: Path
 
 
 # -- a dead peer --------------------------------------------------------------------------------
-def _reap_frozen_rank_1(pid_dir: Path, done: threading.Event) -> None:
-    """Once rank 0 has ended, kill the frozen rank 1, as whoever froze it would (a stopped
-    process never acts on torchrun's SIGTERM)."""
-    while not done.wait(0.2):
-        if (pid_dir / "status0").exists():
-            done.wait(10.0)                      # the launcher's own chance first
-            for pid in _pids(pid_dir):
-                if _alive(pid):
-                    os.kill(pid, signal.SIGKILL)
-            return
-
-
 @pytest.mark.parametrize("mode", ["exit", "kill", "stop"])
 def test_a_dead_peer_raises_peer_lost_on_the_survivor_within_seconds(tmp_path: Path,
                                                                      mode: str) -> None:
@@ -214,7 +146,7 @@ def test_a_dead_peer_raises_peer_lost_on_the_survivor_within_seconds(tmp_path: P
         extra["DCREDIT_LIVENESS_TIMEOUT"] = "3"
     code, output, ended = _launch(
         command, tmp_path, extra=extra,
-        meanwhile=(lambda done: _reap_frozen_rank_1(tmp_path, done)) if mode == "stop" else None)
+        meanwhile=(lambda done: reap_frozen_rank_1(tmp_path, done)) if mode == "stop" else None)
     tail = output[-5000:]
     assert code is not None, f"the job hung for {LAUNCH_TIMEOUT_S:.0f} s after its peer died:\n{tail}"
     died = _record(tmp_path, "failed_at")

@@ -12,6 +12,19 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+#: What the parity suites (``test_parity.py``, ``tests/torchrun/test_ddp_parity.py``) train
+#: SmallNet under, the same for both launchers.
+POLICIES = ["wfbp", "bytescheduler", "dcredit"]
+#: dcredit profiles 1 + 2 iterations under bytescheduler rules, then plans: steps 4 and 5 run it.
+PROFILE = dict(profile_warmup=1, profile_steps=2)
+#: Small enough that every tensor over 512 bytes is cut into several blocks (the 64x512 frozen
+#: projection is not sent; the 10x64 heads become 5 blocks, the conv weight 2).
+SMALL = dict(partition_bytes=512, credit_bytes=2048)
+OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
+    "sgd_momentum": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, weight_decay=1e-4),
+    "adam": lambda ps: torch.optim.Adam(ps, lr=0.01),
+}
+
 
 class SmallNet(nn.Module):
     """Convolution, batch norm, linear layers; one frozen parameter; one parameter (``extra``)

@@ -9,22 +9,12 @@ import warnings
 import horovod.torch as hvd
 import pytest
 import torch
+from small_models import OPTIMIZERS, POLICIES, PROFILE, SMALL
 
 import dcredit_hvd
 
 from conftest import assert_all_ranks
 from models import make_model, max_rel_diff, params_close, train
-
-POLICIES = ["wfbp", "bytescheduler", "dcredit"]
-# dcredit profiles 1 + 2 iterations under bytescheduler rules, then plans: steps 4 and 5 run the plan.
-PROFILE = dict(profile_warmup=1, profile_steps=2)
-# Small enough that every tensor over 512 bytes is cut into several blocks (the 64x512 frozen
-# projection is not sent; the 10x64 heads become 5 blocks, the conv weight 2).
-SMALL = dict(partition_bytes=512, credit_bytes=2048)
-OPTIMIZERS = {
-    "sgd_momentum": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, weight_decay=1e-4),
-    "adam": lambda ps: torch.optim.Adam(ps, lr=0.01),
-}
 
 
 def reference(make_opt, steps=5, passes=1, **hvd_kwargs):

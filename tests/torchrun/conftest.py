@@ -6,8 +6,9 @@ that every rank reaches the same verdict: a failure on one rank fails the test o
 instead of leaving the others waiting in the next collective.  Outside ``torchrun`` (``pytest
 tests``, which collects this folder too) nothing is initialised and every test skips.
 
-The Horovod-free model builders of ``tests/multirank`` (``small_models``, ``hf_models``) are
-imported from there (appended to ``sys.path``: this folder's modules come first).
+The Horovod-free modules of ``tests/multirank`` (the model builders ``small_models`` and
+``hf_models``, the code-path cases ``code_path_cases``) are imported from there (appended to
+``sys.path``: this folder's modules come first).
 """
 from __future__ import annotations
 

@@ -13,73 +13,54 @@ group is left desynchronised).
 
 Each rank writes its pid to ``$FAILURE_PID_DIR``; rank 1 writes ``diverged_at`` (the time it
 left the common path); an excepthook writes ``raised<rank>`` (time, type, message) when the
-training thread raises, which is then left to end the process (non-zero).
+training thread raises, which is then left to end the process (non-zero).  The files, the
+model and the step are ``tests/failure/failure_worker.py``'s, as in the other failure jobs.
 """
-import os
 import sys
-import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-import torch.nn.functional as F
 
-import dcredit_hvd
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "failure"))
+import dcredit_hvd  # noqa: E402
+
+from failure_worker import record_pid, record_raises, record_time, small_model, train_step  # noqa: E402
 
 MODE = sys.argv[1]
-PID_DIR = os.environ["FAILURE_PID_DIR"]
 
 dist.init_process_group("gloo")
 torch.set_num_threads(1)
 rank = dist.get_rank()
-with open(os.path.join(PID_DIR, f"rank{rank}.pid"), "w") as fh:
-    fh.write(str(os.getpid()))
+record_pid(rank)
+record_raises(f"raised{rank}", with_message=True)
 
 
-def note_raise(kind, value, tb, _previous=sys.excepthook):
-    with open(os.path.join(PID_DIR, f"raised{rank}"), "w") as fh:
-        fh.write(f"{time.time()!r} {kind.__name__} {value}")
-    _previous(kind, value, tb)
-
-
-def diverged() -> None:
-    with open(os.path.join(PID_DIR, "diverged_at"), "w") as fh:
-        fh.write(repr(time.time()))
-
-
-def optimizer(model: nn.Module, prefix: str):
+def optimizer(model: nn.Module, prefix: str) -> torch.optim.Optimizer:
     return dcredit_hvd.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=0.01),
         named_parameters=[(f"{prefix}.{n}", p) for n, p in model.named_parameters()],
         policy="bytescheduler", partition_bytes=1024)
 
 
-def step(model: nn.Module, opt, gen: torch.Generator) -> None:
-    opt.zero_grad()
-    x, y = torch.randn(8, 32, generator=gen), torch.randint(0, 10, (8,), generator=gen)
-    F.cross_entropy(model(x), y).backward()
-    opt.step()
-
-
-sys.excepthook = note_raise
-torch.manual_seed(0)
-main = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+main = small_model()
 aux = nn.Sequential(nn.Linear(32, 10))
 main_opt, aux_opt = optimizer(main, "main"), optimizer(aux, "aux")
 gen = torch.Generator().manual_seed(rank)
 for _ in range(2):
-    step(main, main_opt, gen)
+    train_step(main, main_opt, gen)
 print(f"rank {rank}: two iterations trained together", flush=True)
 if MODE == "path":
     for _ in range(3):
-        step(main, main_opt, gen)
+        train_step(main, main_opt, gen)
         if rank == 1:
-            diverged()
-            step(aux, aux_opt, gen)          # rank 0 never steps it
+            record_time("diverged_at")
+            train_step(aux, aux_opt, gen)          # rank 0 never steps it
 elif MODE == "count":
     transport = main_opt._state.transport
     if rank == 1:
-        diverged()
+        record_time("diverged_at")
     handle = transport.submit(torch.ones(4 if rank == 0 else 5), "probe", transport.sum)
     transport.wait(handle)
 print(f"rank {rank}: still running after the divergence", flush=True)

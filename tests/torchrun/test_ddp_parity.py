@@ -13,23 +13,14 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from small_models import OPTIMIZERS, POLICIES, PROFILE, SMALL, make_model, max_rel_diff, params_close
 from small_models import batches as small_batches
-from small_models import make_model, max_rel_diff, params_close
 from torch.nn.parallel import DistributedDataParallel
 
 import dcredit_hvd
 
 from conftest import assert_all_ranks, ddp, rank, same_on_every_rank
 
-POLICIES = ["wfbp", "bytescheduler", "dcredit"]
-#: dcredit profiles 1 + 2 iterations under bytescheduler rules, then plans: steps 4 and 5 run it.
-PROFILE = dict(profile_warmup=1, profile_steps=2)
-#: Every tensor over 512 bytes is cut into several blocks (SmallNet's 10x64 heads into 5).
-SMALL = dict(partition_bytes=512, credit_bytes=2048)
-OPTIMIZERS = {
-    "sgd_momentum": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, weight_decay=1e-4),
-    "adam": lambda ps: torch.optim.Adam(ps, lr=0.01),
-}
 VOCAB, SEQ = 50, 6
 
 
