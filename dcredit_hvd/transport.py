@@ -4,7 +4,7 @@ The optimizer, the scheduler's submit/poll/collect, the set-up collectives (agre
 broadcast, cost-model timing) and the liveness channel reach the wire through a ``Transport``
 only.  ``transports/horovod.py`` implements it for Horovod; a second library (torch.distributed)
 is one more module under ``transports/`` with ``accepts(group)`` and ``transport(group)``
-(``transports.for_group`` finds it), and its tests: no other runtime module changes.
+(``transports.select`` finds it), and its tests: no other runtime module changes.
 
 A transport is bound to one group of ranks (Horovod: a process set).  Handles are whatever
 ``submit`` returns; the scheduler only hands them back to ``poll`` and ``collect``.

@@ -80,7 +80,8 @@ def test_unsupported_op_and_names_are_refused_with_the_fix() -> None:
     ("transport='horovod'", "horovod.torch is not installed"),
     ("transport='nccl'", "is not a transport; choose 'horovod' or 'torch.distributed'"),
     ("op=dist.ReduceOp.MAX", "is not supported on torch.distributed"),
-    ("process_set=object()", "process_set/process_group must be a group of one of"),
+    ("process_set=object()", "process_set must be a group of one of the transports (horovod, "
+                             "torch.distributed), got object: a Horovod process set"),
 ])
 def test_bad_transport_choices_name_the_fix(setting: str, words: str) -> None:
     out = run(f"""

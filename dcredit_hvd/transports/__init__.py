@@ -45,13 +45,8 @@ def module(name: str) -> Optional[ModuleType]:
 
 
 def for_group(group: Any) -> Transport:
-    """The transport of the first module that accepts ``group``."""
-    for name in names():
-        found = module(name)
-        if found is not None and found.accepts(group):
-            return found.transport(group)
-    raise TypeError(f"process_set must be a group of one of the transports ({', '.join(names())}), "
-                    f"got {type(group).__name__}")
+    """The transport of the module that accepts ``group`` (``select`` by the group alone)."""
+    return select(None, group).transport(group)
 
 
 def select(name: Optional[str], group: Any = None) -> ModuleType:
@@ -80,6 +75,7 @@ def select(name: Optional[str], group: Any = None) -> ModuleType:
         elif found.is_initialized():
             return found
     if group is not None:
-        raise TypeError(f"process_set/process_group must be a group of one of the transports "
-                        f"({', '.join(NAMES)}), got {type(group).__name__}")
+        raise TypeError(f"process_set must be a group of one of the transports "
+                        f"({', '.join(NAMES)}), got {type(group).__name__}: a Horovod process set "
+                        "as process_set, or a torch.distributed group as process_group")
     raise RuntimeError(NOTHING_INITIALIZED)

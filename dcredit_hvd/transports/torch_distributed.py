@@ -122,6 +122,9 @@ class Channel:
                                       use_local_synchronization=True)
         self.order = IssueOrder(self.rank == 0, self._issue, self._post, order_timeout())
         self.star: Optional[Star] = None
+        #: Every rank of the group on this host (the side channel and liveness listen on
+        #: loopback then); all-gathered once, at the side channel's set-up.
+        self.single_host = True
         self._closed = False
         if self.size > 1:
             self._connect()
@@ -131,21 +134,28 @@ class Channel:
 
     def _connect(self) -> None:
         """The side channel: rank 0's address and a fresh secret over the objects group."""
-        secret = self._broadcast(handshake.new_secret() if self.rank == 0 else None)
-        box = [socket.gethostname()] * self.size
-        dist.all_gather_object(box, socket.gethostname(), group=self.objects)
-        bind = interfaces.listen_address(liveness.settings().bind, single_host=len(set(box)) == 1)
+        secret = self.broadcast(handshake.new_secret() if self.rank == 0 else None)
+        self.single_host = len(set(self.allgather(socket.gethostname()))) == 1
+        bind = interfaces.listen_address(liveness.settings().bind, single_host=self.single_host)
         self.star = Star(self.rank, self.size, secret, bind)
-        address = self._broadcast(self.star.address() if self.rank == 0 else None)
+        address = self.broadcast(self.star.address() if self.rank == 0 else None)
         if self.rank == 0:
             self.star.accept_followers()
         else:
             self.star.join(tuple(address))
 
-    def _broadcast(self, obj: Any) -> Any:
-        box = [obj]
-        dist.broadcast_object_list(box, src=self.ranks[0], group=self.objects)
+    # -- the objects group (the training thread's collectives) --------------------------------
+    def broadcast(self, obj: Any, root: int = 0) -> Any:
+        """``obj`` from the group's rank ``root`` on every rank."""
+        box = [obj if self.rank == root else None]
+        dist.broadcast_object_list(box, src=self.ranks[root], group=self.objects)
         return box[0]
+
+    def allgather(self, obj: Any) -> list:
+        """Every rank's ``obj``, in the group's rank order."""
+        out: list = [None] * self.size
+        dist.all_gather_object(out, obj, group=self.objects)
+        return out
 
     def _issue(self, sub: Submission) -> Any:
         """Start one all-reduce on the gradients' group (the order's lock is held)."""
@@ -291,14 +301,10 @@ class TorchTransport:
         return self.collect(handle)
 
     def broadcast_object(self, obj: Any, name: str, root: int = 0) -> Any:
-        box = [obj if self.rank() == root else None]
-        dist.broadcast_object_list(box, src=self.channel.ranks[root], group=self.channel.objects)
-        return box[0]
+        return self.channel.broadcast(obj, root)
 
     def allgather_object(self, obj: Any, name: str) -> list:
-        out: list = [None] * self.size()
-        dist.all_gather_object(out, obj, group=self.channel.objects)
-        return out
+        return self.channel.allgather(obj)
 
     def issue_log(self) -> list[str]:
         """The names this rank issued on the group, in order (the last ``LOG_ENTRIES``)."""
@@ -306,7 +312,8 @@ class TorchTransport:
 
     def watch_peers(self, settings: Any = None) -> Any:
         """The liveness channel among the group's ranks, as in ``transports/horovod.py``:
-        rank 0's secret over the objects group, each rank's address all-gathered."""
+        rank 0's secret over the objects group, each rank's address all-gathered (whether the
+        ranks share a host is the channel's, gathered at its set-up)."""
         config = liveness.settings() if settings is None else settings
         if not config.enabled or self.size() < 2 or not self.member:
             return None
@@ -314,8 +321,7 @@ class TorchTransport:
         if key not in _peers:
             secret = self.broadcast_object(handshake.new_secret() if self.rank() == 0 else None,
                                            "dcredit.liveness.secret")
-            hosts = self.allgather_object(socket.gethostname(), "dcredit.liveness.hosts")
-            bind = interfaces.listen_address(config.bind, single_host=len(set(hosts)) == 1)
+            bind = interfaces.listen_address(config.bind, single_host=self.channel.single_host)
             peers = liveness.Liveness(self.rank(), self.size(), config, secret=secret, bind=bind,
                                       exit_on_loss=True, needed=is_initialized)
             peers.start(self.allgather_object(peers.address(), "dcredit.liveness"))
