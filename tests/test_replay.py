@@ -346,3 +346,25 @@ def test_emulate_refuses_bad_factors_before_any_launch() -> None:
     with pytest.raises(ReplayError, match="byte scale S=0"):
         emulate.main(["--profile", "vgg16", "--target-rate", "10gbit", "--link-rate",
                       "100mbit", "--byte-scale", str(args.byte_scale)])
+
+
+def test_horovods_wait_runs_at_sched_idle_and_its_cpu_is_counted_apart() -> None:
+    """The emulation's plain-Horovod rows wait in ``hvd.synchronize``'s yield loop: at
+    SCHED_IDLE (it takes only CPU no emulated host wants), counted as spin, not demand; the
+    thread's scheduling is restored afterwards, also when the wait raises."""
+    import os
+
+    from dcredit_hvd.emulate import IdleSpin
+
+    spin = IdleSpin()
+    before = os.sched_getscheduler(0), os.sched_getparam(0)
+    with spin():
+        assert os.sched_getscheduler(0) == os.SCHED_IDLE
+        end = time.thread_time() + 0.05
+        while time.thread_time() < end:
+            pass
+    assert (os.sched_getscheduler(0), os.sched_getparam(0)) == before
+    assert 0.04 < spin.seconds < 1.0
+    with pytest.raises(RuntimeError), spin():
+        raise RuntimeError("the wait failed")
+    assert os.sched_getscheduler(0) == before[0]
