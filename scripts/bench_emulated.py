@@ -11,7 +11,8 @@ N LINK -- horovodrun --gloo`` (Gloo's all-reduce
 blocks in the kernel where Open MPI's spins, which on this 2-core machine takes the CPU the
 emulated hosts need; ``docs/benchmarks.md``).  The emulation link rate is ``--aggregate``
 divided by the host count (the CPU cost of moving bytes through the bridge grows with the
-aggregate), ``K * S = target / link``, and ``S`` is chosen so that ``K`` is about ``--k``.
+aggregate), ``K * S = target / link``, and ``S`` is chosen so that ``K`` is about ``--k``
+(by default the host count, at least 4: ``auto_k``).
 JSON per cell in ``--out``; ``--report-only`` writes ``grid.md`` and ``speedup.png`` there.
 """
 from __future__ import annotations
@@ -43,6 +44,16 @@ def link_rate(hosts: int, aggregate: float) -> str:
 def dilation_for(target: str, link: str, k: float) -> replay.Dilation:
     """K near ``k``: S = round(ratio / k), then K = ratio / S exactly."""
     return replay.Dilation.for_cluster(target, link, time_factor=k)
+
+
+def auto_k(hosts: int) -> float:
+    """K for ``hosts`` when ``--k`` is not given: the host count, at least 4.  Every emulated
+    host costs CPU per wall second in proportion to 1/K (Horovod's dilated cycle, the dilated
+    polls, each iteration's Python work), and all of them share this machine's 2 cores: at
+    K = 4 a host took about 0.2 of a core (4 hosts: 52% of the machine, 8: 83%, 16: 94%,
+    CPU-bound; docs/benchmarks.md), so K grows with the host count to keep the job's share
+    near what 4 hosts take at K = 4."""
+    return float(max(4, hosts))
 
 
 def cell_name(model: str, hosts: int, target: str, k: float) -> str:
@@ -247,7 +258,8 @@ def main() -> int:
     p.add_argument("--targets", default="10gbit,25gbit")
     p.add_argument("--aggregate", type=float, default=800e6,
                    help="bits/s of all hosts' NICs together (default 800e6: 100mbit on 8 hosts)")
-    p.add_argument("--k", type=float, default=4.0, help="time dilation to aim at")
+    p.add_argument("--k", type=float, default=None,
+                   help="time dilation to aim at (default: the host count, at least 4)")
     p.add_argument("--policies", default="horovod,ddp,wfbp,bytescheduler,dcredit-sync,dcredit")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--iters", type=int, default=5)
@@ -268,7 +280,8 @@ def main() -> int:
         for model in args.models.split(","):
             for hosts in (int(h) for h in args.hosts.split(",")):
                 for target in args.targets.split(","):
-                    for k in ((args.k, 2 * args.k) if args.dilation_check else (args.k,)):
+                    k0 = args.k or auto_k(hosts)
+                    for k in ((k0, 2 * k0) if args.dilation_check else (k0,)):
                         launch(model, hosts, target, args, k)
     if args.predict:
         (out / "predicted.md").write_text(predict_markdown(
