@@ -326,6 +326,19 @@ def test_emulate_refuses_suffixes_on_a_baseline() -> None:
                                                                                   "dcredit-td"]
 
 
+def test_emulate_refuses_no_warmup_or_no_iterations(capsys) -> None:
+    """The ranks line up before the last warm-up iteration, so at least one is needed."""
+    from dcredit_hvd import emulate
+
+    base = ["--profile", "vgg16", "--target-rate", "10gbit", "--link-rate", "100mbit",
+            "--byte-scale", "25"]
+    for flags in (["--warmup", "0"], ["--iters", "0"]):
+        with pytest.raises(SystemExit):
+            emulate.parse_args([*base, *flags])
+        assert "must be at least 1" in capsys.readouterr().err
+    assert emulate.parse_args([*base, "--warmup", "1", "--iters", "1"]).warmup == 1
+
+
 def test_gpt2_bound_counts_the_tied_embedding() -> None:
     from dcredit_hvd import emulate_report
 
