@@ -124,10 +124,10 @@ class Runner:
         # that all-reduce waits for every one queued before it, so behind it the link would be
         # empty and the first timed iteration would not pay the all-reduces the previous one
         # left for its forward pass (measured: dcredit 306 ms, then 518 and 514).
-        for i in range(self.args.warmup):
-            if i == self.args.warmup - 1:
-                self.hvd.allreduce(__import__("torch").zeros(1), name=f"emulate.sync.{label}")
+        for _ in range(self.args.warmup - 1):
             step()
+        self.hvd.allreduce(__import__("torch").zeros(1), name=f"emulate.sync.{label}")
+        step()
         late, restarts = self.clock.late, self.clock.restarts
         ru0, ticks0, seconds = resource.getrusage(resource.RUSAGE_SELF), cpu_ticks(), []
         spun = self.spin.seconds
@@ -139,8 +139,8 @@ class Runner:
         wall = sum(seconds)
         spin = self.spin.seconds - spun
         mine = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime) - spin
-        cores = sum(self.hvd.allgather_object(mine)) / wall
-        spin_cores = sum(self.hvd.allgather_object(spin)) / wall
+        gathered = self.hvd.allgather_object((mine, spin))
+        cores, spin_cores = (sum(g[i] for g in gathered) / wall for i in (0, 1))
         busy = (ticks1[0] - ticks0[0]) / max(1, ticks1[1] - ticks0[1])
         lost = max(self.hvd.allgather_object(self.clock.late - late))
         ms = [self.dilation.cluster(s) * 1e3 for s in seconds]
@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     results["compute"] = runner.run("compute only", make_step("compute", fresh(), hvd,
                                                              dilation, x, runner.spin)[0])
     results["communication"] = runner.run("communication only", communication_step(
-        fresh(), hvd, replay.POLL_SECONDS * dilation.time_factor))
+        fresh(), hvd, dilation.poll_seconds))
     if any(p.base == "ddp" or p.transport for p in map(PolicyName.parse, args.policies)):
         init_gloo_process_group(hvd)
     kept: dict[str, Any] = {}

@@ -149,10 +149,15 @@ class Dilation:
         """A byte setting of the target (a partition, a bucket) in the emulation's bytes."""
         return max(1, round(nbytes / self.byte_scale))
 
+    @property
+    def poll_seconds(self) -> float:
+        """dcredit_hvd's poll interval, dilated (also how the emulation's own waits poll)."""
+        return POLL_SECONDS * self.time_factor
+
     def environment(self) -> dict[str, str]:
         """Horovod's cycle and dcredit_hvd's poll, dilated; set before ``hvd.init``."""
         return {"HOROVOD_CYCLE_TIME": f"{HOROVOD_CYCLE_MS * self.time_factor:g}",
-                "DCREDIT_POLL_SECONDS": f"{POLL_SECONDS * self.time_factor:g}"}
+                "DCREDIT_POLL_SECONDS": f"{self.poll_seconds:g}"}
 
     def check_memory(self, profile: Profile, hosts: int, copies: int = 5) -> int:
         """Bytes the run's replicas need (``copies`` per gradient: parameter, gradient,

@@ -280,7 +280,7 @@ def main() -> int:
         for model in args.models.split(","):
             for hosts in (int(h) for h in args.hosts.split(",")):
                 for target in args.targets.split(","):
-                    k0 = args.k or auto_k(hosts)
+                    k0 = auto_k(hosts) if args.k is None else args.k
                     for k in ((k0, 2 * k0) if args.dilation_check else (k0,)):
                         launch(model, hosts, target, args, k)
     if args.predict:
