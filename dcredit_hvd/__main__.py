@@ -188,7 +188,7 @@ def _load_measured(path: str):
     try:
         c, p = record["cost"], record["profile"]
         cost = CostModel(a=float(c["a"]), b=float(c["b"]), residual=c.get("residual"),
-                         r2=c.get("r2"))
+                         r2=c.get("r2"), floor=float(c.get("floor", 0.0)))
         profile = Profile.from_lists(p["names"], p["nbytes"], p["element_size"], p["t_f"],
                                      p["t_b"], p.get("t_u") or (), p.get("kinds") or ())
     except (KeyError, TypeError) as exc:

@@ -180,7 +180,7 @@ def network_model(cost: Any, link: dict[str, Any] | None, bandwidth_optimal: boo
     if link is None:
         return None
     seconds = link["bandwidth_optimal_seconds"] if bandwidth_optimal else link["seconds"]
-    return CostModel(a=cost.a, b=seconds / link["bytes"])
+    return CostModel(a=cost.a, b=seconds / link["bytes"], floor=cost.floor)
 
 
 def gloo_rows(policies: Any) -> str:

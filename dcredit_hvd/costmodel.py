@@ -10,6 +10,18 @@ one startup plus a per-byte cost::
 on the live communicator.  The authors hard-coded ``a`` and ``b`` and mixed per-element with
 per-byte units (spec §6, defect 4); here both are fitted, always in BYTES and SECONDS.
 
+A real all-reduce also has a FLOOR: the least time any all-reduce takes, however small (the
+latency of the ring's ``2(n-1)`` steps, the collective library's and Horovod's per-operation
+work).  Once the bytes take longer than that, the latency hides behind the transfer instead of
+adding to it: measured on the virtual cluster (8 hosts, Gloo), 4 KiB and 64 KiB all-reduces took
+27-29 ms where 333 kB, 1.3 MB and 4 MB took 1-3 ms more than their bytes need (docs/algorithm.md
+§2b).  A single line through all of those charges every block tens of milliseconds it does not
+cost, and steers the planner away from small partitions.  So the model is::
+
+    T(bytes) = max(floor, a + b * bytes)
+
+with ``floor = 0`` for the plain alpha-beta model.  ``fit_floored`` fits all three.
+
 This module only fits numbers; taking the measurements needs Horovod and lives elsewhere.
 """
 from __future__ import annotations
@@ -23,7 +35,7 @@ import numpy as np
 
 @dataclass(frozen=True)
 class CostModel:
-    """``T(bytes) = a + b * bytes``: the time of one all-reduce of ``bytes`` bytes."""
+    """``T(bytes) = max(floor, a + b * bytes)``: the time of one all-reduce of ``bytes`` bytes."""
 
     #: Startup seconds per all-reduce (alpha).
     a: float
@@ -33,16 +45,18 @@ class CostModel:
     residual: float | None = None
     #: Coefficient of determination of the fit on the seconds; None if not fitted or undefined.
     r2: float | None = None
+    #: Least seconds of any all-reduce (0: the plain alpha-beta model); ``fit_floored``.
+    floor: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("a", "b"):
+        for name in ("a", "b", "floor"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"CostModel.{name} must be a finite number >= 0, got {value!r}")
 
     def time(self, nbytes: float) -> float:
-        """Seconds to all-reduce ``nbytes`` bytes in one operation: ``a + b * nbytes``."""
-        return self.a + self.b * nbytes
+        """Seconds to all-reduce ``nbytes`` bytes in one operation: ``max(floor, a + b * nbytes)``."""
+        return max(self.floor, self.a + self.b * nbytes)
 
     @property
     def bandwidth(self) -> float:
@@ -51,6 +65,8 @@ class CostModel:
 
     def describe(self) -> str:
         text = f"a={self.a * 1e3:.3f} ms, b={self.b:.4g} s/B ({self.bandwidth / 1e9:.3g} GB/s)"
+        if self.floor:
+            text += f", floor {self.floor * 1e3:.3f} ms"
         if self.residual is not None:
             text += f", relative RMS residual {self.residual:.2%}"
         if self.r2 is not None:
@@ -121,3 +137,44 @@ def fit(sizes_bytes: Sequence[float], seconds: Sequence[float], *, relative: boo
     sst = float(((y - y.mean()) ** 2).sum())
     r2 = None if sst == 0 else 1.0 - float(((pred - y) ** 2).sum()) / sst
     return CostModel(a=float(a), b=float(b), residual=residual, r2=r2)
+
+
+def fit_floored(sizes_bytes: Sequence[float], seconds: Sequence[float], *,
+                relative: bool = True) -> CostModel:
+    """Fit ``T = max(floor, a + b * bytes)``: a line through the larger sizes and a floor under
+    the smaller ones (module docstring).
+
+    Every split of the distinct sizes into a lower part (the floor: the weighted mean of its
+    times, the optimum of the same squared error ``fit`` minimises) and an upper part of at
+    least two sizes (the line: ``fit``) is tried, and no split at all (``floor = 0``, plain
+    ``fit``); the least squared error of the whole model over every measurement wins, ties going
+    to the fewer parameters.  A floor is kept only where it lies above the line at its sizes
+    (else it says nothing the line does not).  Same input rules and errors as ``fit``.
+    """
+    best = fit(sizes_bytes, seconds, relative=relative)
+    x = np.asarray(sizes_bytes, dtype=np.float64).reshape(-1)
+    y = np.asarray(seconds, dtype=np.float64).reshape(-1)
+    w = 1.0 / (y * y) if relative else np.ones_like(y)
+
+    def error(model: CostModel) -> float:
+        r = np.maximum(model.floor, model.a + model.b * x) - y
+        return float((w * r * r).sum())
+
+    best_error = error(best)
+    distinct = np.unique(x)
+    for k in range(1, distinct.size - 1):
+        low = x < distinct[k]
+        line = fit(x[~low], y[~low], relative=relative)
+        floor = float((w[low] * y[low]).sum() / w[low].sum())
+        if floor <= line.a + line.b * float(x[low].max()):
+            continue
+        model = CostModel(a=line.a, b=line.b, floor=floor)
+        if error(model) < best_error * (1 - 1e-9):
+            best, best_error = model, error(model)
+    if not best.floor:
+        return best
+    pred = np.maximum(best.floor, best.a + best.b * x)
+    sst = float(((y - y.mean()) ** 2).sum())
+    return CostModel(a=best.a, b=best.b, floor=best.floor,
+                     residual=float(np.sqrt(np.mean(((pred - y) / y) ** 2))),
+                     r2=None if sst == 0 else 1.0 - float(((pred - y) ** 2).sum()) / sst)

@@ -37,12 +37,13 @@ def bounds(profile: Profile, hosts: int, dilation: replay.Dilation) -> dict[str,
 def predictions(profile: Profile, hosts: int, dilation: replay.Dilation,
                 kept: dict[str, Any], policies: list[str], startup_s: float) -> dict[str, Any]:
     """Each policy simulated on the emulated profile and link (wall seconds, emulated bytes,
-    Horovod's dilated cycle), divided by K: cluster ms.  ``a`` is dcredit's live fit when it
-    ran (as ``dcredit_hvd.bench`` does: taken while the model runs, as the policies see it), else
-    the measured one-element all-reduce less half a cycle (the simulator waits for the next
-    cycle itself); both are kept in the JSON.  The ``-td`` rows (``torch.distributed``) have
-    no cycle and no fusion (each block its own all-reduce at once) and their own live fit's
-    ``a`` when they made one."""
+    Horovod's dilated cycle), divided by K: cluster ms.  ``a`` and the floor
+    (``CostModel.floor``) are dcredit's live fit when it ran (as ``dcredit_hvd.bench`` does:
+    taken while the model runs, as the policies see it), else ``a`` is the measured
+    one-element all-reduce less half a cycle (the simulator waits for the next cycle itself);
+    both are kept in the JSON.  The ``-td`` rows (``torch.distributed``) have no cycle and no
+    fusion (each block its own all-reduce at once) and their own live fit's ``a`` and floor
+    when they made one."""
     from .policies.dcredit import DCredit
 
     emulated = replay.emulated_profile(profile, dilation)
@@ -55,9 +56,11 @@ def predictions(profile: Profile, hosts: int, dilation: replay.Dilation,
     measured = fits[0][1] if fits else None
     probe_a = max(simulator.DEFAULT_OP_OVERHEAD_S, startup_s - cycle / 2)
     a = measured[1].a if measured else probe_a
-    cost = CostModel(a=a, b=need["seconds"] / emulated.total_bytes)
+    floor = measured[1].floor if measured else 0.0
+    cost = CostModel(a=a, b=need["seconds"] / emulated.total_bytes, floor=floor)
     fusion = int(os.environ.get("HOROVOD_FUSION_THRESHOLD", 128 << 20))
-    out: dict[str, Any] = {"a_wall_s": a, "a_probe_wall_s": probe_a, "cycle_wall_s": cycle,
+    out: dict[str, Any] = {"a_wall_s": a, "floor_wall_s": floor, "a_probe_wall_s": probe_a,
+                           "cycle_wall_s": cycle,
                            "a_source": "dcredit live fit" if measured else "startup probe"}
     for name in policies:
         parsed = PolicyName.parse(name)
@@ -71,7 +74,7 @@ def predictions(profile: Profile, hosts: int, dilation: replay.Dilation,
             kwargs.update(cycle_s=0.0, fusion_bytes=0)
             own = getattr(kept.get(name), "measured", None)
             if own:
-                row_cost = CostModel(a=own[1].a, b=cost.b)
+                row_cost = CostModel(a=own[1].a, b=cost.b, floor=own[1].floor)
         policy: Any = base
         config = getattr(kept.get(name), "scheduler_config", None)
         if base in ("wfbp", "bytescheduler") and config is not None:
@@ -156,8 +159,8 @@ def print_report(results: dict[str, Any]) -> None:
     sim = results.get("simulated", {})
     if "a_wall_s" in sim:
         print(f"all-reduce startup a = {sim['a_wall_s'] * 1e3:.1f} ms wall, "
-              f"{sim['a_wall_s'] * 1e3 / results['time_factor']:.2f} ms cluster "
-              f"({sim['a_source']}; a one-element all-reduce: "
+              f"{sim['a_wall_s'] * 1e3 / results['time_factor']:.2f} ms cluster, floor "
+              f"{sim.get('floor_wall_s', 0) * 1e3:.1f} ms wall ({sim['a_source']}; a one-element all-reduce: "
               f"{results.get('startup_wall_s', 0) * 1e3:.1f} ms wall)")
     ups = speedups(results)
     bases = [x for x in BASELINE_ORDER if x in results["policies"]]

@@ -24,7 +24,7 @@ from collections import defaultdict
 from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
-from .costmodel import CostModel, fit
+from .costmodel import CostModel, fit_floored
 from .profile import Profile
 
 if TYPE_CHECKING:
@@ -155,5 +155,6 @@ def measure_cost_model(max_bytes: int, transport: Transport, reps: int = 3,
             if rep:
                 times.append(time.perf_counter() - start)
         samples.append((size, statistics.median(times)))
-    model = fit([s for s, _ in samples], [t for _, t in samples]) if transport.rank() == 0 else None
+    model = (fit_floored([s for s, _ in samples], [t for _, t in samples])
+             if transport.rank() == 0 else None)
     return transport.broadcast_object((model, samples), f"{prefix}.fit")

@@ -1,4 +1,5 @@
-"""The alpha-beta fit: exact on clean data, constrained to a, b >= 0, clear about bad input."""
+"""The alpha-beta fit: exact on clean data, constrained to a, b >= 0, clear about bad input; the
+floored fit (a latency floor under the line) where small all-reduces cost more than the line says."""
 from __future__ import annotations
 
 import math
@@ -8,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dcredit_hvd.costmodel import CostModel, fit
+from dcredit_hvd.costmodel import CostModel, fit, fit_floored
 
 SIZES = np.array([4e3, 6.4e4, 1e6, 1.6e7, 6.4e7])
 
@@ -21,10 +22,75 @@ def test_time_is_startup_plus_bytes_times_seconds_per_byte() -> None:
     assert CostModel(a=0.0, b=0.0).bandwidth == math.inf
 
 
-@pytest.mark.parametrize("a, b", [(-1e-3, 1e-9), (1e-3, -1e-9), (math.nan, 1e-9), (1e-3, math.inf)])
-def test_cost_model_rejects_negative_or_non_finite_coefficients(a: float, b: float) -> None:
+@pytest.mark.parametrize("a, b, floor", [(-1e-3, 1e-9, 0.0), (1e-3, -1e-9, 0.0), (math.nan, 1e-9, 0.0),
+                                         (1e-3, math.inf, 0.0), (1e-3, 1e-9, -1.0),
+                                         (1e-3, 1e-9, math.nan)])
+def test_cost_model_rejects_negative_or_non_finite_coefficients(a: float, b: float,
+                                                                floor: float) -> None:
     with pytest.raises(ValueError, match="CostModel"):
-        CostModel(a=a, b=b)
+        CostModel(a=a, b=b, floor=floor)
+
+
+def test_time_never_goes_below_the_floor_and_follows_the_line_above_it() -> None:
+    model = CostModel(a=1e-3, b=1e-9, floor=20e-3)
+    assert model.time(0) == 20e-3
+    assert model.time(1_000_000) == 20e-3                  # the line says 2 ms
+    assert model.time(100_000_000) == pytest.approx(1e-3 + 0.1)
+    assert "floor 20.000 ms" in model.describe()
+    assert "floor" not in CostModel(a=1e-3, b=1e-9).describe()
+
+
+#: Chained Horovod all-reduces on 8 virtual hosts at 100 Mbit/s, Gloo, 8.33 ms cycle
+#: (``scripts/startup_probe.py``, 2026-12-02): bytes, median wall seconds.
+PROBE = [(4096, 29.0e-3), (65536, 27.5e-3), (333333, 47.9e-3), (1333333, 189.8e-3),
+         (4000000, 579.1e-3)]
+
+
+def test_floored_fit_on_measured_allreduces_charges_blocks_their_bytes_not_the_small_ones_latency(
+) -> None:
+    x, y = [p[0] for p in PROBE], [p[1] for p in PROBE]
+    line, floored = fit(x, y), fit_floored(x, y)
+    assert floored.floor == pytest.approx(28.2e-3, rel=0.01)
+    assert floored.a < 2e-3                       # what a 1.3 MB block costs beyond its bytes
+    assert line.a > 20e-3                         # the single line charges every block 22 ms
+    assert floored.residual < 0.03 < 0.15 < line.residual
+    for size, seconds in PROBE:
+        assert floored.time(size) == pytest.approx(seconds, rel=0.05)
+
+
+def test_floored_fit_recovers_floor_and_line_from_noiseless_data() -> None:
+    a, b, floor = 0.5e-3, 8e-9, 5e-3
+    y = np.maximum(floor, a + b * SIZES)
+    model = fit_floored(SIZES, y)
+    assert (model.a, model.b, model.floor) == pytest.approx((a, b, floor), rel=1e-9)
+    assert model.residual == pytest.approx(0.0, abs=1e-12)
+
+
+def test_floored_fit_of_a_straight_line_keeps_no_floor() -> None:
+    model = fit_floored(SIZES, 1.1e-3 + 8e-9 * SIZES)
+    assert model.floor == 0.0
+    assert (model.a, model.b) == pytest.approx((1.1e-3, 8e-9), rel=1e-9)
+
+
+def test_floored_fit_refuses_what_fit_refuses() -> None:
+    with pytest.raises(ValueError, match="distinct size"):
+        fit_floored([4096, 4096], [1e-3, 2e-3])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 10**8), st.floats(1e-5, 10.0)), min_size=2, max_size=10)
+       .filter(lambda pts: len({x for x, _ in pts}) >= 2), st.booleans())
+def test_floored_fit_is_never_worse_than_the_line(points: list[tuple[int, float]],
+                                                   relative: bool) -> None:
+    x = np.array([p[0] for p in points], dtype=float)
+    y = np.array([p[1] for p in points])
+    w = 1.0 / y**2 if relative else np.ones_like(y)
+
+    def sse(model: CostModel) -> float:
+        return float((w * (np.array([model.time(v) for v in x]) - y) ** 2).sum())
+
+    floored = fit_floored(x, y, relative=relative)
+    assert sse(floored) <= sse(fit(x, y, relative=relative)) * (1 + 1e-9) + 1e-300
 
 
 @pytest.mark.parametrize("relative", [True, False])

@@ -141,6 +141,12 @@ def test_blocks_released_by_a_completion_miss_the_cycle_that_starts_at_that_comp
     assert starts[1] - r.trace[0].end == pytest.approx(1.0)
 
 
+def test_a_cost_floor_charges_a_small_allreduce_the_floor_and_a_large_one_its_line():
+    p = prof([8, 5000], [0.0] * 2, [1.0, 1.0])
+    r = sim.simulate(p, CostModel(a=1.0, b=0.001, floor=4.0), "wfbp", cycle_s=0.0)
+    assert [op.end - op.start for op in r.trace] == pytest.approx([6.0, 4.0])
+
+
 def test_fusion_threshold_splits_one_cycle_into_back_to_back_allreduces():
     p = prof([1000, 1000, 1000], [0.0] * 3, [0.0, 0.0, 1.0])
     r = sim.simulate(p, COST, "horovod", cycle_s=1.0, fusion_bytes=2000)
