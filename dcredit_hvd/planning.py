@@ -65,8 +65,8 @@ def decide(profile: Profile, cost: CostModel, config: SchedulerConfig, *,
 def log(logger: logging.Logger, cost: CostModel, samples, profile: Profile, plan, search,
         seconds: float) -> None:
     """The fitted link, the profile and the plan, once, on rank 0."""
-    logger.info("cost model: T(bytes) = %.3g s + %.3g s/B * bytes (%.2f Gbit/s), relative "
-                "residual %s; from %s", cost.a, cost.b,
+    logger.info("cost model: T(bytes) = max(%.3g s, %.3g s + %.3g s/B * bytes) (%.2f Gbit/s), "
+                "relative residual %s; from %s", cost.floor, cost.a, cost.b,
                 8e-9 / cost.b if cost.b else float("inf"),
                 f"{cost.residual:.3f}" if cost.residual is not None else "n/a",
                 ", ".join(f"{s} B: {t * 1e3:.2f} ms" for s, t in samples))
