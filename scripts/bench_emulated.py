@@ -163,6 +163,34 @@ def grid_markdown(cells: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def summary_markdown(cells: list[dict], policy: str = "dcredit") -> str:
+    """``policy`` per cell against the best baseline, with issue 21's targets: within 1.10x of
+    the lower bound, and at most 2% slower than the best baseline (its time over the best's)."""
+    from dcredit_hvd.emulate_report import BASELINE_ORDER, speedups
+
+    lines = [f"| cell | bound ms | {policy} ms (x bound) | best baseline | {policy} time / best "
+             "| over horovod | over bytescheduler | job CPU max (run) | targets missed |",
+             "|---|---:|---:|---|---:|---:|---:|---|---|"]
+    for c in cells:
+        runs = c["policies"]
+        bases = [b for b in BASELINE_ORDER if b in runs]
+        if policy not in runs or not bases:
+            continue
+        mine, best = runs[policy], min(bases, key=lambda b: runs[b]["ms_mean"])
+        ratio = mine["ms_mean"] / runs[best]["ms_mean"]
+        ups = speedups(c)[policy]
+        busiest = max([("compute only", c["compute"]), ("communication only", c["communication"]),
+                       *runs.items()], key=lambda kv: kv[1]["job_cpu_fraction"])
+        missed = [m for m, bad in (("1.10x bound", mine["x_bound"] > 1.10),
+                                   ("2% of best", ratio > 1.02)) if bad]
+        over = " | ".join(f"{ups[b]:.2f}x" if b in ups else "-" for b in ("horovod", "bytescheduler"))
+        lines.append(f"| {c['cell']} | {c['bounds']['bound_ms']:.0f} | {mine['ms_mean']:.1f} "
+                     f"({mine['x_bound']:.2f}x) | {best} {runs[best]['ms_mean']:.1f} | "
+                     f"{ratio:.3f} | {over} | {100 * busiest[1]['job_cpu_fraction']:.0f}% "
+                     f"({busiest[0]}) | {', '.join(missed) or 'none'} |")
+    return "\n".join(lines) + "\n"
+
+
 def dilation_markdown(cells: list[dict]) -> str:
     """Check 3: cells that differ only in K, side by side (cluster ms, and the change)."""
     groups: dict[tuple, list[dict]] = {}
@@ -289,7 +317,8 @@ def main() -> int:
             args.targets.split(",")))
         print(f"wrote {out / 'predicted.md'}")
     cells = load_cells(out)
-    (out / "grid.md").write_text(grid_markdown(cells) + "\n" + dilation_markdown(cells))
+    (out / "grid.md").write_text(grid_markdown(cells) + "\n" + summary_markdown(cells) + "\n"
+                                 + dilation_markdown(cells))
     print(f"wrote {out / 'grid.md'}" + (f" and {out / 'speedup.png'}"
                                          if cells and plot(cells, out / "speedup.png") else ""))
     return 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -313,6 +314,64 @@ def test_report_simulates_td_rows_without_horovods_cycle_on_their_own_fit(monkey
     assert results["policies"]["wfbp-td"]["simulated_ms"] == pytest.approx(d.cluster(td) * 1e3)
     assert results["policies"]["wfbp"]["simulated_ms"] == pytest.approx(d.cluster(horovod) * 1e3)
     assert td != pytest.approx(horovod)
+
+
+def test_report_simulates_with_the_live_fits_floor(monkeypatch) -> None:
+    """The live fit's floor (``CostModel.floor``) reaches the predictions: a floor that the
+    partitions' all-reduces fall under changes the simulated time, and is kept in the JSON."""
+    import types
+
+    from dcredit_hvd import emulate_report, simulator
+    from dcredit_hvd.costmodel import CostModel
+
+    monkeypatch.setenv("HOROVOD_CYCLE_TIME", "4")
+    monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", str(5 << 20))
+    profile, _ = replay.load(replay.shipped("vgg16"))
+    d = Dilation.for_cluster("10gbit", "100mbit", byte_scale=25)
+    sizes = types.SimpleNamespace(partition_bytes=160_000, credit_bytes=640_000)
+    fitted = CostModel(a=0.001, b=1e-9, floor=0.2)
+    results = fake_results(profile, d, 8, {"compute": 780.0, "communication": 800.0,
+                                           "bytescheduler": 950.0})
+    emulate_report.analyse(results, profile, d, kept={"bytescheduler": types.SimpleNamespace(
+        scheduler_config=sizes, plan=None, measured=(None, fitted))})
+    emulated = replay.emulated_profile(profile, d)
+    b = emulate_report.link_need(emulated.total_bytes, 8, "100000000bit")["seconds"] \
+        / emulated.total_bytes
+    common = {"overlap_forward": True, "partition_bytes": 160_000, "credit_bytes": 640_000,
+              "cycle_s": 0.004, "fusion_bytes": 5 << 20}
+    floored = simulator.simulate(emulated, CostModel(a=0.001, b=b, floor=0.2), "bytescheduler",
+                                 **common).iteration_s
+    line = simulator.simulate(emulated, CostModel(a=0.001, b=b), "bytescheduler",
+                              **common).iteration_s
+    assert results["simulated"]["floor_wall_s"] == 0.2
+    assert results["policies"]["bytescheduler"]["simulated_ms"] == pytest.approx(
+        d.cluster(floored) * 1e3)
+    assert floored > line * 1.05
+
+
+def test_grid_summary_names_the_best_baseline_and_each_missed_target() -> None:
+    import importlib.util
+
+    from dcredit_hvd import emulate_report
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_emulated", Path(__file__).resolve().parent.parent / "scripts" / "bench_emulated.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    profile, _ = replay.load(replay.shipped("vgg16"))
+    d = Dilation.for_cluster("10gbit", "100mbit", byte_scale=25)
+    cells = []
+    for name, dcredit in (("fast", 800.0), ("slow", 900.0)):
+        results = fake_results(profile, d, 8, {"compute": 780.0, "communication": 800.0,
+                                               "horovod": 1200.0, "bytescheduler": 870.0,
+                                               "dcredit": dcredit})
+        emulate_report.analyse(results, profile, d, kept={})
+        cells.append({**results, "cell": name})
+    rows = {line.split(" | ")[0][2:]: line for line in script.summary_markdown(cells).splitlines()[2:]}
+    bound = cells[0]["bounds"]["bound_ms"]
+    assert f"800.0 ({800 / bound:.2f}x) | bytescheduler 870.0 | {800 / 870:.3f} | 1.50x" in rows["fast"]
+    assert rows["fast"].endswith("| none |")
+    assert rows["slow"].endswith("| 1.10x bound, 2% of best |")
 
 
 def test_emulate_refuses_suffixes_on_a_baseline() -> None:
