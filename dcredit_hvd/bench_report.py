@@ -172,15 +172,15 @@ def with_untracked_compute(profile: Any, compute: dict[str, Any] | None) -> tupl
 
 def network_model(cost: Any, link: dict[str, Any] | None, bandwidth_optimal: bool = False) -> Any:
     """The simulator's network model of the virtual cluster: the links' seconds per byte under
-    the run's all-reduce (``link_need``), with the live model's startup ``a`` (on this CPU
+    the run's all-reduce (``link_need``), with the live model's startup ``a`` and floor (on this CPU
     mostly Horovod's cycle, not the wire). ``bandwidth_optimal``: under a ring instead (Gloo's
     all-reduce, for the ``-td`` rows). None off the virtual cluster."""
-    from dcredit_hvd.costmodel import CostModel
+    from dataclasses import replace
 
     if link is None:
         return None
     seconds = link["bandwidth_optimal_seconds"] if bandwidth_optimal else link["seconds"]
-    return CostModel(a=cost.a, b=seconds / link["bytes"], floor=cost.floor)
+    return replace(cost, b=seconds / link["bytes"])
 
 
 def gloo_rows(policies: Any) -> str:

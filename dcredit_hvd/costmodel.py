@@ -15,7 +15,7 @@ latency of the ring's ``2(n-1)`` steps, the collective library's and Horovod's p
 work).  Once the bytes take longer than that, the latency hides behind the transfer instead of
 adding to it: measured on the virtual cluster (8 hosts, Gloo), 4 KiB and 64 KiB all-reduces took
 27-29 ms where 333 kB, 1.3 MB and 4 MB took 1-3 ms more than their bytes need (docs/algorithm.md
-§2b).  A single line through all of those charges every block tens of milliseconds it does not
+§1, "The floor").  A single line through all of those charges every block tens of milliseconds it does not
 cost, and steers the planner away from small partitions.  So the model is::
 
     T(bytes) = max(floor, a + b * bytes)
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -130,13 +130,15 @@ def fit(sizes_bytes: Sequence[float], seconds: Sequence[float], *, relative: boo
         b0 = max(0.0, float((w * xs * y).sum() / (w * xs * xs).sum()))
         a0 = float((w * y).sum() / w.sum())  # > 0 because every y > 0
         a, bs = (0.0, b0) if sse(0.0, b0) < sse(a0, 0.0) else (a0, 0.0)
-    b = bs / scale
+    return _scored(CostModel(a=float(a), b=float(bs / scale)), x, y)
 
-    pred = a + bs * xs
-    residual = float(np.sqrt(np.mean(((pred - y) / y) ** 2)))
+
+def _scored(model: CostModel, x: np.ndarray, y: np.ndarray) -> CostModel:
+    """``model`` with its relative RMS residual and ``r2`` on the measurements ``(x, y)``."""
+    pred = np.maximum(model.floor, model.a + model.b * x)
     sst = float(((y - y.mean()) ** 2).sum())
-    r2 = None if sst == 0 else 1.0 - float(((pred - y) ** 2).sum()) / sst
-    return CostModel(a=float(a), b=float(b), residual=residual, r2=r2)
+    return replace(model, residual=float(np.sqrt(np.mean(((pred - y) / y) ** 2))),
+                   r2=None if sst == 0 else 1.0 - float(((pred - y) ** 2).sum()) / sst)
 
 
 def fit_floored(sizes_bytes: Sequence[float], seconds: Sequence[float], *,
@@ -169,12 +171,7 @@ def fit_floored(sizes_bytes: Sequence[float], seconds: Sequence[float], *,
         if floor <= line.a + line.b * float(x[low].max()):
             continue
         model = CostModel(a=line.a, b=line.b, floor=floor)
-        if error(model) < best_error * (1 - 1e-9):
-            best, best_error = model, error(model)
-    if not best.floor:
-        return best
-    pred = np.maximum(best.floor, best.a + best.b * x)
-    sst = float(((y - y.mean()) ** 2).sum())
-    return CostModel(a=best.a, b=best.b, floor=best.floor,
-                     residual=float(np.sqrt(np.mean(((pred - y) / y) ** 2))),
-                     r2=None if sst == 0 else 1.0 - float(((pred - y) ** 2).sum()) / sst)
+        model_error = error(model)
+        if model_error < best_error * (1 - 1e-9):
+            best, best_error = model, model_error
+    return _scored(best, x, y) if best.floor else best

@@ -3,6 +3,7 @@ all in the target cluster's time (``dcredit_hvd.emulate`` measures, this judges 
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Any
 
 from . import replay, simulator
@@ -55,11 +56,11 @@ def predictions(profile: Profile, hosts: int, dilation: replay.Dilation,
     fits.sort(key=lambda fit: PolicyName.parse(fit[0]).transport is not None)   # Horovod's first
     measured = fits[0][1] if fits else None
     probe_a = max(simulator.DEFAULT_OP_OVERHEAD_S, startup_s - cycle / 2)
-    a = measured[1].a if measured else probe_a
-    floor = measured[1].floor if measured else 0.0
-    cost = CostModel(a=a, b=need["seconds"] / emulated.total_bytes, floor=floor)
+    link_b = need["seconds"] / emulated.total_bytes
+    # The live fit's startup and floor, with the link model's seconds per byte.
+    cost = replace(measured[1], b=link_b) if measured else CostModel(a=probe_a, b=link_b)
     fusion = int(os.environ.get("HOROVOD_FUSION_THRESHOLD", 128 << 20))
-    out: dict[str, Any] = {"a_wall_s": a, "floor_wall_s": floor, "a_probe_wall_s": probe_a,
+    out: dict[str, Any] = {"a_wall_s": cost.a, "floor_wall_s": cost.floor, "a_probe_wall_s": probe_a,
                            "cycle_wall_s": cycle,
                            "a_source": "dcredit live fit" if measured else "startup probe"}
     for name in policies:
@@ -74,7 +75,7 @@ def predictions(profile: Profile, hosts: int, dilation: replay.Dilation,
             kwargs.update(cycle_s=0.0, fusion_bytes=0)
             own = getattr(kept.get(name), "measured", None)
             if own:
-                row_cost = CostModel(a=own[1].a, b=cost.b, floor=own[1].floor)
+                row_cost = replace(own[1], b=cost.b)
         policy: Any = base
         config = getattr(kept.get(name), "scheduler_config", None)
         if base in ("wfbp", "bytescheduler") and config is not None:
