@@ -37,14 +37,14 @@ test-gloo:
 
 # The third launcher: tests/torchrun on the torch.distributed transport (Gloo, no Horovod), one
 # pytest per rank; --standalone picks a free port.  A test that runs past 300 s prints every
-# thread's stack.  The jobs that kill or desynchronise a rank are tests/test_torchrun_jobs.py.
+# thread's stack.  The jobs that kill or desynchronise a rank are tests/jobs/test_torchrun_jobs.py.
 test-torchrun:
 	@start=$$(date +%s); timeout -k 10 $(MULTIRANK_TIMEOUT) torchrun --standalone \
 	  --nproc-per-node 2 -m pytest -q -p no:cacheprovider -o faulthandler_timeout=300 \
 	  tests/torchrun; status=$$?; \
 	echo "test-torchrun: $$(( $$(date +%s) - start )) s, exit status $$status"; exit $$status
 
-# Beside the instrument check (tests/test_vcluster.py, in test-unit): what a 24 MiB hvd.allreduce
+# Beside the instrument check (tests/bench/test_vcluster.py, in test-unit): what a 24 MiB hvd.allreduce
 # takes on 2 virtual hosts at 1 Gbit/s with Open MPI's default all-reduce and with the one the
 # bench uses there (recursive doubling), against what the link needs. Prints figures, asserts none.
 VCLUSTER_ALGO := --mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_allreduce_algorithm

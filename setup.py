@@ -3,14 +3,14 @@ from setuptools import find_packages, setup
 
 setup(
     name="dcredit_hvd",
-    version="0.1.0",
+    version="0.2.0",
     description="D-Credit gradient communication scheduling as a drop-in "
     "replacement for horovod.torch.DistributedOptimizer, on Horovod or torch.distributed",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["dcredit_hvd", "dcredit_hvd.*"]),
-    # the replay profiles of the emulated cluster (dcredit_hvd.replay.shipped)
-    package_data={"dcredit_hvd": ["profiles/*.json"]},
+    # the replay profiles of the emulated cluster (dcredit_hvd.bench.replay.shipped)
+    package_data={"dcredit_hvd.bench": ["profiles/*.json"]},
     python_requires=">=3.9",
     # torch alone gives the torch.distributed transport (torchrun). Horovod is built from
     # source against the installed torch (scripts/install.sh, `make install`); listing it here

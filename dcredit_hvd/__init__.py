@@ -5,7 +5,11 @@
     opt = dcredit_hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                            model=model)
 """
-__version__ = "0.1.0"
+__version__ = "0.2.0"
+
+from . import moved as _moved
+
+_moved.install()
 
 
 def __getattr__(name):
@@ -13,7 +17,10 @@ def __getattr__(name):
     if name == "DistributedOptimizer":
         from .optimizer import DistributedOptimizer
         return DistributedOptimizer
+    if name == "SchedulerConfig":
+        from .config import SchedulerConfig
+        return SchedulerConfig
     raise AttributeError(f"module 'dcredit_hvd' has no attribute {name!r}")
 
 
-__all__ = ["DistributedOptimizer", "__version__"]
+__all__ = ["DistributedOptimizer", "SchedulerConfig", "__version__"]

@@ -128,7 +128,8 @@ def _list_of(parse: Callable[[str], object]) -> Callable[[str], list]:
 
 
 def _add_model_args(p: argparse.ArgumentParser, sweep: bool) -> None:
-    from . import simulator, zoo
+    from .bench import zoo
+    from .planning import simulator
 
     several = " (comma-separated list to sweep)" if sweep else ""
     p.add_argument("--model", type=_list_of(str), default=None,
@@ -163,7 +164,8 @@ def _add_model_args(p: argparse.ArgumentParser, sweep: bool) -> None:
 
 
 def _setup(args: argparse.Namespace, model: str, bandwidth: float):
-    from . import simulator, zoo
+    from .bench import zoo
+    from .planning import simulator
 
     if args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
@@ -180,9 +182,9 @@ def _setup(args: argparse.Namespace, model: str, bandwidth: float):
 
 def _load_measured(path: str):
     """``(profile, cost, record)`` from a ``DCREDIT_PROFILE_OUT`` file (see ``optimizer.py``)."""
-    from . import planning
-    from .costmodel import CostModel
-    from .profile import Profile
+    from .planning import decision as planning
+    from .planning.costmodel import CostModel
+    from .planning.profile import Profile
 
     record = planning.read(path)
     try:
@@ -218,7 +220,7 @@ def _measured_header(args: argparse.Namespace, profile, cost) -> list[str]:
 
 
 def _canonical(model: str) -> str:
-    from . import zoo
+    from .bench import zoo
     return zoo.ALIASES.get(model.lower(), model.lower())
 
 
@@ -275,7 +277,7 @@ def _size(nbytes: int | None) -> str:
 
 
 def _configure_simulate(p: argparse.ArgumentParser) -> None:
-    from . import simulator
+    from .planning import simulator
 
     _add_model_args(p, sweep=True)
     p.add_argument("--partition", type=_positive_size, default=simulator.DEFAULT_PARTITION_BYTES,
@@ -288,7 +290,7 @@ def _configure_simulate(p: argparse.ArgumentParser) -> None:
 
 
 def _run_simulate(args: argparse.Namespace) -> int:
-    from . import simulator
+    from .planning import simulator
 
     policies = [x.strip().lower() for x in args.policies.split(",") if x.strip()]
     for name in policies:
@@ -366,7 +368,7 @@ def _search_lines(result, where: str = "") -> list[str]:
 
 def _configure_plan(p: argparse.ArgumentParser) -> None:
     _add_model_args(p, sweep=False)
-    from . import planner
+    from .planning import planner
 
     p.add_argument("--partition", type=_positive_size, default=None,
                    help="plan with this block size (spec greedy) instead of searching --candidates")
@@ -375,7 +377,7 @@ def _configure_plan(p: argparse.ArgumentParser) -> None:
 
 
 def _run_plan(args: argparse.Namespace) -> int:
-    from . import planner, simulator
+    from .planning import planner, simulator
 
     _check_source(args)
     record: dict = {}

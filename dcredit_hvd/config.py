@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from . import liveness
-from .drift import DriftSettings
+from .liveness import heartbeat as liveness
+from .planning.drift import DriftSettings
 from .policies import POLICIES
 
 #: ``transport`` values ("" chooses by what is initialised; ``transports.NAMES``).

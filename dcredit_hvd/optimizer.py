@@ -23,13 +23,14 @@ from typing import Any, Optional
 
 import torch
 
-from . import arguments, lifetime, transports
-from .blocks import TensorLayout
+from . import arguments, transports
 from .config import SchedulerConfig
-from .device import follow
-from .instrument import log
-from .runtime import Parts, assemble
-from .state import OptimizerState
+from .planning.blocks import TensorLayout
+from .runtime import lifetime
+from .runtime.assembly import Parts, assemble
+from .runtime.device import follow
+from .runtime.instrument import log
+from .runtime.state import OptimizerState
 
 _ZERO_GRAD_RACE = (
     "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "

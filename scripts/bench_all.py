@@ -10,7 +10,7 @@ ready for ``docs/benchmarks.md``) and PNG plots.
 The all-reduce algorithm is fixed per cluster size, for every policy and the lower bound alike
 (``ALGORITHM``): the fastest Open MPI algorithm measured for a 24 MiB ``hvd.allreduce`` on that
 cluster (``scripts/allreduce_probe.py``; ``ddp`` runs Gloo's own). Subnormals are flushed
-(``dcredit_hvd.bench``).
+(``dcredit_hvd.bench.sidebyside``).
 
 The models keep their exact parameter shapes (so the bytes communicated are the real ones) but
 run on small inputs so one CPU core per rank computes an iteration in about a second; the inputs
@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dcredit_hvd.bench import gloo_rows  # noqa: E402
+from dcredit_hvd.bench.sidebyside import gloo_rows  # noqa: E402
 
 POLICIES = "horovod,ddp,wfbp,bytescheduler,dcredit-sync,dcredit"
 #: name -> (zoo model, builder options, batch size, description of the input)
@@ -94,7 +94,7 @@ def run(model: str, n: int, rate: str, iters: int, out: Path, rounds: int = 1,
 
 def bound_of(data: dict) -> float:
     """The run's lower bound: ``max(compute, communication)`` raised by a tied embedding's own
-    dependency (``dcredit_hvd.bench.lower_bound``); older JSON files lack the latter."""
+    dependency (``dcredit_hvd.bench.sidebyside.lower_bound``); older JSON files lack the latter."""
     if data.get("bound"):
         return data["bound"]["seconds"]
     return max(data["compute"]["seconds_per_iteration"],

@@ -32,7 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from dcredit_hvd.bench import link_need  # noqa: E402  (torch-free: the driver imports no torch)
+from dcredit_hvd.bench.sidebyside import link_need  # noqa: E402  (torch-free: the driver imports no torch)
 
 MODEL = {"vocab": 4096, "ctx": 128, "seq_len": 128, "d": 256, "layers": 4, "heads": 8}
 BATCH = 4
@@ -47,7 +47,7 @@ def worker(args: argparse.Namespace) -> int:
     import torch.nn.functional as F
 
     import dcredit_hvd
-    from dcredit_hvd import zoo
+    from dcredit_hvd.bench import zoo
 
     hvd.init()
     torch.set_num_threads(1)

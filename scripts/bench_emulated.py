@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The emulated GPU cluster grid: every policy on the shipped profiles, on 4, 8 and 16 virtual
-hosts, for target clusters of 10 and 25 Gbit/s; one launch per cell (``dcredit_hvd.emulate``).
+hosts, for target clusters of 10 and 25 Gbit/s; one launch per cell (``dcredit_hvd.bench.emulate``).
 
     scripts/bench_emulated.py --models vgg16 --hosts 8 --targets 10gbit      # one cell
     scripts/bench_emulated.py --dilation-check --models resnet50 --hosts 4    # K and 2K
@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dcredit_hvd import replay  # noqa: E402
+from dcredit_hvd.bench import replay  # noqa: E402
 
 #: Jumbo frames (tbf counts headers: 99.3% payload at 9000 bytes, 95.7% at 1500) and TCP that
 #: keeps its window between a ring's steps, as a datacenter fabric; measured in
@@ -96,9 +96,9 @@ def reanalyse(record: dict) -> dict:
     ``emulate_report``: so that every cell of a grid is judged by the same rules."""
     import types
 
-    from dcredit_hvd import emulate_report
-    from dcredit_hvd.costmodel import CostModel
-    from dcredit_hvd.planner import Plan
+    from dcredit_hvd.bench import emulate_report
+    from dcredit_hvd.planning.costmodel import CostModel
+    from dcredit_hvd.planning.planner import Plan
 
     profile, _ = replay.load(replay.resolve(record["profile"]))
     dilation = replay.Dilation(record["target_rate"], record["link_rate"],
@@ -134,7 +134,7 @@ def load_cells(out: Path) -> list[dict]:
 
 def grid_markdown(cells: list[dict]) -> str:
     """One row per cell and policy: cluster ms, x bound, speed-up over each baseline, checks."""
-    from dcredit_hvd.emulate_report import BASELINE_ORDER, speedups
+    from dcredit_hvd.bench.emulate_report import BASELINE_ORDER, speedups
 
     lines = ["| model | hosts | target | K | policy | ms / iter | x bound | " +
              " | ".join(f"over {b}" for b in BASELINE_ORDER) + " | simulated (error) |",
@@ -166,7 +166,7 @@ def grid_markdown(cells: list[dict]) -> str:
 def summary_markdown(cells: list[dict], policy: str = "dcredit") -> str:
     """``policy`` per cell against the best baseline, with issue 21's targets: within 1.10x of
     the lower bound, and at most 2% slower than the best baseline (its time over the best's)."""
-    from dcredit_hvd.emulate_report import BASELINE_ORDER, speedups
+    from dcredit_hvd.bench.emulate_report import BASELINE_ORDER, speedups
 
     lines = [f"| cell | bound ms | {policy} ms (x bound) | best baseline | {policy} time / best "
              "| over horovod | over bytescheduler | job CPU max (run) | targets missed |",
@@ -220,7 +220,7 @@ def predict_markdown(models: list[str], hosts: list[int], targets: list[str]) ->
     """The simulator on the shipped profiles and each TARGET cluster's ideal link (ring, no
     latency, Horovod's 1 ms cycle, the simulator's 50 us per operation): what each policy can
     reach where the CPU costs nothing; the measured grid is judged against it."""
-    from dcredit_hvd import simulator
+    from dcredit_hvd.planning import simulator
 
     lines = ["| model | hosts | target | lower bound ms | horovod | wfbp | bytescheduler | "
              "dcredit | dcredit over bytescheduler | dcredit over horovod | dcredit: link busy "
@@ -254,7 +254,7 @@ def plot(cells: list[dict], path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    from dcredit_hvd.emulate_report import speedups
+    from dcredit_hvd.bench.emulate_report import speedups
 
     models = sorted({c["profile"] for c in cells})
     fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 4), squeeze=False)

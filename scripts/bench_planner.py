@@ -14,9 +14,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dcredit_hvd.costmodel import CostModel
-from dcredit_hvd.planner import plan
-from dcredit_hvd.profile import Profile
+from dcredit_hvd.planning.costmodel import CostModel
+from dcredit_hvd.planning.planner import plan
+from dcredit_hvd.planning.profile import Profile
 
 
 def synthetic_profile(tensors: int, seed: int = 0) -> Profile:

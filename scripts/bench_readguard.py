@@ -16,8 +16,8 @@ import time
 
 import torch
 
-from dcredit_hvd import zoo
-from dcredit_hvd.readguard import ReadGuard
+from dcredit_hvd.bench import zoo
+from dcredit_hvd.runtime.readguard import ReadGuard
 
 
 def _models():

@@ -9,9 +9,9 @@
 # of them small, and a tied embedding that forward reads first and backward produces last).
 # All-reduce: Open MPI's recursive doubling for every policy and the lower bound (on 2 hosts it
 # is the fastest measured, 1.08x what the link needs; docs/benchmarks.md). Subnormals are
-# flushed (dcredit_hvd.bench). Needs root (network namespaces); without it vcluster.sh says so
+# flushed (dcredit_hvd.bench.sidebyside). Needs root (network namespaces); without it vcluster.sh says so
 # and exits 3. Override with DEMO_RATE (e.g. 200mbit, 10gbit), DEMO_POLICIES, DEMO_ITERS,
-# DEMO_MODELS (vgg16,gpt). Then one emulated GPU cluster (dcredit_hvd.emulate; DEMO_EMULATED=0
+# DEMO_MODELS (vgg16,gpt). Then one emulated GPU cluster (dcredit_hvd.bench.emulate; DEMO_EMULATED=0
 # skips it): 8 hosts with 10 Gbit/s NICs, VGG-16's shipped profile (communication about equal to
 # compute there), compute replayed, all-reduces real, figures in the cluster's time.
 set -euo pipefail

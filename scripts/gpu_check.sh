@@ -437,8 +437,8 @@ elif ! passed install-host; then
     echo "not run: the venv-host install failed" >>"$OUT/bench.txt"
     record bench FAIL 0 "install-host failed"
 elif ! "$VHOST/bin/python" -m dcredit_hvd.bench --help 2>/dev/null | grep -q -- "--device"; then
-    echo "not run: this tree's dcredit_hvd.bench has no --device option yet" >>"$OUT/bench.txt"
-    record bench SKIP 0 "dcredit_hvd.bench has no --device yet"
+    echo "not run: this tree's dcredit_hvd.bench.sidebyside has no --device option yet" >>"$OUT/bench.txt"
+    record bench SKIP 0 "dcredit_hvd.bench.sidebyside has no --device yet"
 else
     if [ -n "$zoo_pid" ] && kill -0 "$zoo_pid" 2>/dev/null; then
         echo "# note: the simulator sweep (CPU, nice 19) was still running during this benchmark" >>"$OUT/bench.txt"

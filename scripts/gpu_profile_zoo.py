@@ -5,7 +5,7 @@ measured profiles with the simulator, from 8 to 128 GPUs on 10 to 400 Gbit/s lin
     python scripts/gpu_profile_zoo.py all --device cpu --models resnet50 --batch-size 2 \\
         --iters 2 --warmup 1 --out /tmp/zoo                               # a quick CPU check
 
-``measure`` builds ResNet-50, VGG-16 and GPT-2 small as ``torch.nn`` modules (``dcredit_hvd.zoo``'s
+``measure`` builds ResNet-50, VGG-16 and GPT-2 small as ``torch.nn`` modules (``dcredit_hvd.bench.zoo``'s
 builders, written in the project since torchvision is not available), checks that their
 parameters, in the order the forward pass first uses them, have exactly the names and shapes of
 the zoo's torch-free specs, and times one training iteration per layer at the zoo's batch sizes:
@@ -18,7 +18,7 @@ the zoo's torch-free specs, and times one training iteration per layer at the zo
 * backward: an event when each parameter's gradient has been accumulated
   (``register_post_accumulate_grad_hook``), measured from the start of backward: ready times
   ``r_l``, made non-decreasing towards the input, and ``t_b(l) = r_l - r_{l+1}`` (as
-  ``dcredit_hvd.profiler.StepProfiler`` does with host clocks, which cannot time GPU work without
+  ``dcredit_hvd.planning.profiler.StepProfiler`` does with host clocks, which cannot time GPU work without
   a synchronize per layer);
 * the median of ``--iters`` iterations after ``--warmup``; the iteration without hooks is timed
   too, to show what the hooks cost.
@@ -46,10 +46,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from dcredit_hvd import simulator, zoo  # noqa: E402
 from dcredit_hvd.__main__ import _size as cli_size  # noqa: E402
 from dcredit_hvd.__main__ import parse_rate, parse_time  # noqa: E402
-from dcredit_hvd.profile import Profile  # noqa: E402
+from dcredit_hvd.bench import zoo  # noqa: E402
+from dcredit_hvd.planning import simulator  # noqa: E402
+from dcredit_hvd.planning.profile import Profile  # noqa: E402
 
 DEFAULT_MODELS = "resnet50,vgg16,gpt2_small"
 DEFAULT_WORKERS = "8,16,32,64,128"

@@ -1,4 +1,4 @@
-"""A/B: iteration time with the liveness channel (``dcredit_hvd/liveness.py``) on and off.
+"""A/B: iteration time with the liveness channel (``dcredit_hvd/liveness/heartbeat.py``) on and off.
 
     mpirun -np 2 python scripts/liveness_ab.py --rounds 10 --steps 200
     horovodrun -np 2 -H localhost:2 --gloo python scripts/liveness_ab.py
@@ -27,7 +27,7 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import dcredit_hvd  # noqa: E402
-from dcredit_hvd import liveness  # noqa: E402
+from dcredit_hvd.liveness import heartbeat as liveness  # noqa: E402
 from dcredit_hvd.transports import horovod as comm  # noqa: E402
 
 

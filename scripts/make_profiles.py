@@ -4,7 +4,7 @@
     python scripts/make_profiles.py            # rewrites the three files
     python scripts/make_profiles.py --check    # exits 1 if a file differs from what it would write
 
-Per-tensor names, shapes and bytes are the real architectures' (``dcredit_hvd.zoo``; float32
+Per-tensor names, shapes and bytes are the real architectures' (``dcredit_hvd.bench.zoo``; float32
 gradients).  No GPU profile of these models has been taken on a lent GPU yet
 (``scripts/gpu_profile_zoo.py``), so the per-layer times are a published iteration time split
 over the layers in proportion to their forward FLOPs, backward twice forward (``zoo.profile``):
@@ -29,7 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dcredit_hvd import simulator, zoo  # noqa: E402
+from dcredit_hvd.bench import zoo  # noqa: E402
+from dcredit_hvd.planning import simulator  # noqa: E402
 
 #: model -> (batch, iteration seconds, where the figure comes from)
 ANCHORS = {
@@ -43,7 +44,7 @@ ANCHORS = {
                    "A100 80GB (karpathy/llm.c scripts/run_gpt2_124M.sh)"),
 }
 SPLIT = ("per-layer times: the published iteration time split over layers in proportion to "
-         "their forward FLOPs (dcredit_hvd.zoo specs), backward = 2 x forward, a layer's time "
+         "their forward FLOPs (dcredit_hvd.bench.zoo specs), backward = 2 x forward, a layer's time "
          "split evenly over its tensors; the whole step (optimizer, data) is charged to forward "
          "and backward; not a GPU measurement (none taken yet: scripts/gpu_profile_zoo.py)")
 

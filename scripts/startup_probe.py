@@ -48,7 +48,7 @@ def main() -> int:
     import horovod.torch as hvd
     import torch
 
-    from dcredit_hvd.replay import parse_rate
+    from dcredit_hvd.bench.replay import parse_rate
     from dcredit_hvd.transports.horovod import wait
 
     hvd.init()

@@ -9,7 +9,7 @@ from .dcredit import DCredit
 from .wfbp import WFBP
 
 if TYPE_CHECKING:
-    from ..planner import Plan
+    from ..planning.planner import Plan
 
 #: Policies a user may name.
 POLICIES = ("dcredit", "bytescheduler", "wfbp")

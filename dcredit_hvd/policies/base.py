@@ -21,7 +21,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import ClassVar, Optional
 
-from ..blocks import Block, TensorLayout
+from ..planning.blocks import Block, TensorLayout
 
 
 class Policy(ABC):

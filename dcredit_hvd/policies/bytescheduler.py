@@ -10,7 +10,7 @@ The ``inflight == 0`` clause lets a block larger than the credit go alone instea
 """
 from __future__ import annotations
 
-from ..blocks import Block
+from ..planning.blocks import Block
 from .base import Policy
 
 

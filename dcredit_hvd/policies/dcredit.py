@@ -49,16 +49,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..blocks import Block, TensorLayout
-from ..costmodel import CostModel
-from ..planner import Plan
-from ..planner import plan as make_plan
-from ..profile import Profile
+from ..planning.blocks import Block, TensorLayout
+from ..planning.costmodel import CostModel
+from ..planning.planner import Plan
+from ..planning.planner import plan as make_plan
+from ..planning.profile import Profile
 from .base import Policy
 
 
 class DCredit(Policy):
-    """Spends a :class:`~dcredit_hvd.planner.Plan`; one instance per job, reset every iteration."""
+    """Spends a :class:`~dcredit_hvd.planning.planner.Plan`; one instance per job, reset every iteration."""
 
     name = "dcredit"
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..blocks import Block
+from ..planning.blocks import Block
 from .base import Policy
 
 

@@ -1,20 +1,21 @@
-"""One module per collective library, each implementing ``transport.Transport``.
+"""The transports: one module per collective library, each implementing ``base.Transport``,
+and what they share: the issue order that torch.distributed needs (``ordering``) and rank 0's
+authenticated lines to the other ranks that carry it (``sidechannel``).
 
 A module here provides ``accepts(group) -> bool`` (whether ``group``, the factory's
 ``process_set`` / ``process_group`` argument, is one of its groups), ``transport(group)``,
 ``is_initialized()`` and ``default_group()``, and the defaults of the factory's signature
 (``AVERAGE``, ``COMPRESSION_NONE``).  ``select`` finds the module, so a new library is a new
-module here and nothing else.  A module whose library is not installed is skipped (Horovod is
-optional: ``torchrun`` users need only torch).
+module here and its line in ``NAMES`` and ``LIBRARIES``.  A module whose library is not
+installed is skipped (Horovod is optional: ``torchrun`` users need only torch).
 """
 from __future__ import annotations
 
 import importlib
-import pkgutil
 from types import ModuleType
 from typing import Any, Optional
 
-from ..transport import Transport
+from .base import Transport
 
 #: The names users pass as ``transport=`` / ``DCREDIT_TRANSPORT``, and their modules.
 NAMES = {"horovod": "horovod", "torch.distributed": "torch_distributed"}
@@ -29,9 +30,10 @@ NOTHING_INITIALIZED = (
 
 
 def names() -> list[str]:
-    """The transport modules present, Horovod's first (the default when it is initialised)."""
-    found = sorted(info.name for info in pkgutil.iter_modules(__path__))
-    return sorted(found, key=lambda name: name != "horovod")
+    """The transport modules, Horovod's first (the default when it is initialised).  The folder
+    also holds what the transports share (``base``, ``ordering``, ``sidechannel``): only the
+    modules ``LIBRARIES`` names are transports."""
+    return sorted(LIBRARIES, key=lambda name: (name != "horovod", name))
 
 
 def module(name: str) -> Optional[ModuleType]:

@@ -21,8 +21,9 @@ from typing import Any, Callable, Optional
 import horovod.torch as hvd
 import torch
 
-from .. import handshake, interfaces, liveness
-from ..scheduler import PeerLostError
+from ..liveness import handshake, interfaces
+from ..liveness import heartbeat as liveness
+from ..runtime.scheduler import PeerLostError
 
 #: The reduction ops, re-exported so no other module needs Horovod for them.
 AVERAGE = hvd.Average
@@ -76,9 +77,9 @@ class _HorovodReferences:
     process-set table's mutex, and destroying a queued entry drops the last C++ reference to a
     tensor that Python owns, which needs the GIL.  Meanwhile the training thread is inside the
     next ``allreduce_async_`` enqueue, which holds the GIL and waits for that mutex.  Measured
-    under load, ``tests/failure/peer_failure.py raise`` hung in 2 runs of 12 before this class
+    under load, ``tests/jobs/failure/peer_failure.py raise`` hung in 2 runs of 12 before this class
     and in none of 16 after it. Native stacks show exactly those two waits, and
-    ``tests/failure/enqueue_during_shutdown.py horovod`` hangs plain Horovod 6 times in 6.
+    ``tests/jobs/failure/enqueue_during_shutdown.py horovod`` hangs plain Horovod 6 times in 6.
 
     torch takes the GIL only when a tensor's C++ use count falls to 1 (the Python object alone),
     so a second C++ reference held here, taken before the enqueue and dropped in a Python

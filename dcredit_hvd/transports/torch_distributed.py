@@ -31,10 +31,11 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-from .. import handshake, interfaces, liveness
-from ..ordering import Entry, IssueOrder, OrderMismatchError, Submission
-from ..scheduler import PeerLostError
-from ..sidechannel import Star
+from ..liveness import handshake, interfaces
+from ..liveness import heartbeat as liveness
+from ..runtime.scheduler import PeerLostError
+from .ordering import Entry, IssueOrder, OrderMismatchError, Submission
+from .sidechannel import Star
 
 #: The reduction ops users pass as ``op`` (``None`` is the average, as in DDP).
 AVERAGE = dist.ReduceOp.AVG

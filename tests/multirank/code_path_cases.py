@@ -372,7 +372,7 @@ def check_unagreed_orders_are_named(assert_all_ranks: AssertAllRanks,
     check stops the job on every rank, naming the first unit."""
     def local_order(first_reads: list, count: int, *args: Any) -> list[int]:
         return list(first_reads) + [i for i in range(count) if i not in set(first_reads)]
-    monkeypatch.setattr(dcredit_hvd.agreement, "agree_order", local_order)
+    monkeypatch.setattr(dcredit_hvd.runtime.agreement, "agree_order", local_order)
     torch.manual_seed(0)
     model = Branchy(rank).train()
     opt = dcredit_hvd.DistributedOptimizer(
@@ -386,7 +386,7 @@ def check_unagreed_orders_are_named(assert_all_ranks: AssertAllRanks,
             model(**tokens(step, rank)).backward()
             opt.step()
         opt.apply_pending_updates()
-    except dcredit_hvd.agreement.LayoutMismatchError as exc:
+    except dcredit_hvd.runtime.agreement.LayoutMismatchError as exc:
         message = str(exc)
     assert_all_ranks("after the forward order was agreed: unit #" in message
                      and "on rank 0 but" in message and "on rank 1" in message,

@@ -1,6 +1,6 @@
 """Under a real launcher the liveness channel lets no outsider in (issue 22).
 
-Rank 0 runs ``tests/liveness_outsider.py``, another process that knows the whole address table
+Rank 0 runs ``tests/liveness/liveness_outsider.py``, another process that knows the whole address table
 (every rank's host, pid, address and port, as ``comm.watch_peers`` all-gathers it) but not the
 secret rank 0 broadcast over Horovod: forged hellos, a forged ``bye``, 1,000 idle connections to
 every rank.  Every rank then checks that it lost no peer, is still connected, and kept its file
@@ -27,7 +27,7 @@ from dcredit_hvd.transports import horovod as comm
 
 from conftest import assert_all_ranks
 
-OUTSIDER = Path(__file__).resolve().parents[1] / "liveness_outsider.py"
+OUTSIDER = Path(__file__).resolve().parents[1] / "liveness" / "liveness_outsider.py"
 
 
 def _channel():

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from horovod.common.exceptions import HorovodInternalError
 
 import dcredit_hvd
-from dcredit_hvd import scheduler
+from dcredit_hvd.runtime import scheduler
 from dcredit_hvd.transports import horovod as comm
 
 from conftest import assert_all_ranks

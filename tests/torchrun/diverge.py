@@ -1,5 +1,5 @@
 """Ranks whose collectives really diverge, on the torch.distributed transport; launched by
-``tests/test_torchrun_jobs.py`` under ``torchrun --nproc-per-node 2`` (a job of its own: the
+``tests/jobs/test_torchrun_jobs.py`` under ``torchrun --nproc-per-node 2`` (a job of its own: the
 group is left desynchronised).
 
 ``python diverge.py MODE``, after two iterations trained together:
@@ -14,7 +14,7 @@ group is left desynchronised).
 Each rank writes its pid to ``$FAILURE_PID_DIR``; rank 1 writes ``diverged_at`` (the time it
 left the common path); an excepthook writes ``raised<rank>`` (time, type, message) when the
 training thread raises, which is then left to end the process (non-zero).  The files, the
-model and the step are ``tests/failure/failure_worker.py``'s, as in the other failure jobs.
+model and the step are ``tests/jobs/failure/failure_worker.py``'s, as in the other failure jobs.
 """
 import sys
 from pathlib import Path
@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "failure"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs" / "failure"))
 import dcredit_hvd  # noqa: E402
 
 from failure_worker import record_pid, record_raises, record_time, small_model, train_step  # noqa: E402

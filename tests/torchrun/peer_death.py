@@ -1,4 +1,4 @@
-"""Rank 1 of a 2-rank torchrun job dies mid-training; launched by ``tests/test_torchrun_jobs.py``
+"""Rank 1 of a 2-rank torchrun job dies mid-training; launched by ``tests/jobs/test_torchrun_jobs.py``
 through ``unnoticed.sh`` (so that torchrun does not stop the survivor first).
 
 ``python peer_death.py MODE``: at step ``FAIL_AT`` rank 1 calls ``os._exit(1)`` (``exit``),
@@ -8,7 +8,7 @@ than the test allows, and ends only because the liveness channel told it its pee
 excepthook writes ``raised_at0`` (time and exception type) when the training thread raises.
 
 Each rank writes its pid to ``$FAILURE_PID_DIR``; ``failed_at`` holds the time of the death.
-The files, the model and the step are ``tests/failure/failure_worker.py``'s, as in
+The files, the model and the step are ``tests/jobs/failure/failure_worker.py``'s, as in
 ``peer_lost.py`` (the Horovod job).
 """
 import sys
@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "failure"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs" / "failure"))
 import dcredit_hvd  # noqa: E402
 
 from failure_worker import fail, record_pid, record_raises, small_model, train_step  # noqa: E402

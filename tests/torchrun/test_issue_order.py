@@ -6,7 +6,7 @@ for entry, over several iterations.
 
 torch.distributed pairs collectives by the order they are issued in: a rank that issued in its
 own submission order would sum other tensors under one collective, or hang.  The diverging
-ranks (``OrderMismatchError``) run in jobs of their own: ``tests/test_torchrun_jobs.py``.
+ranks (``OrderMismatchError``) run in jobs of their own: ``tests/jobs/test_torchrun_jobs.py``.
 """
 from __future__ import annotations
 

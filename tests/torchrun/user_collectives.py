@@ -2,7 +2,7 @@
 ``dist.all_reduce`` of a loss for logging, between ``backward()`` and ``step()`` without
 ``model=``, and after ``step()`` with ``model=`` (while the overlapped updates are in flight).
 Both are ordinary torchrun code and are safe with DDP; the optimizer's own all-reduces, issued
-from its threads, must never be paired with them.  Launched by ``tests/test_torchrun_jobs.py``
+from its threads, must never be paired with them.  Launched by ``tests/jobs/test_torchrun_jobs.py``
 in a job of its own (a mismatch aborts the process in Gloo).
 
 Prints ``USER COLLECTIVES OK rank R`` once every all-reduce summed what it should.

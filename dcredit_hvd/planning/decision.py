@@ -1,0 +1,102 @@
+"""The gate rank's decision: from the measured profile and cost model to the plan, and its report.
+
+Plain data one way (profile -> cost model -> plan): ``decide`` runs on the gate rank only, whose
+result the optimizer broadcasts so that every rank adopts the same plan at the same step; the
+optimizer keeps the collectives (timing the link, the broadcast) and the switch itself.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from typing import Any
+
+from ..config import SchedulerConfig
+from . import planner, simulator
+from .blocks import group_runs
+from .costmodel import CostModel
+from .profile import Profile
+
+
+def horovod_cycle_seconds() -> float:
+    """Horovod's background cycle (``HOROVOD_CYCLE_TIME``, ms, default 1), for the simulator."""
+    try:
+        return float(os.environ.get("HOROVOD_CYCLE_TIME", "1")) / 1000.0
+    except ValueError:
+        return 0.001
+
+
+#: ``group_bytes`` limits the search tries (``blocks.group_runs``; 0: no grouping).
+GROUP_CANDIDATES: tuple[int, ...] = (0, 64 << 10, 256 << 10, 1 << 20, 4 << 20)
+
+#: CPU seconds the runtime spends per block (hook, gate, submission, completion, the update
+#: call under overlap), charged by the simulator to the backward pass so that the search sees
+#: what extra blocks cost (``simulator.with_block_overhead``).  Measured with
+#: ``scripts/bench_overhead.py`` (1 rank, no network, 1,000 small tensors one block each) on
+#: this project's 2-core CPU machines; ``docs/benchmarks.md`` has the table.
+BLOCK_OVERHEAD_S = {False: 25e-6, True: 60e-6}
+
+
+def decide(profile: Profile, cost: CostModel, config: SchedulerConfig, *,
+           overlap_forward: bool) -> tuple[Any, Profile, tuple]:
+    """``(plan, profile, search)``: D-Credit's windows, grouping and partition.
+
+    The partition and the ``group_bytes`` limit the user set are kept; whichever was left
+    unset is chosen by the simulator (``simulator.best_dcredit``: every planner rule, partition
+    and grouping candidate, the per-block cost charged).  With the partition set and grouping
+    left to choose, no grouping: spec §3's greedy at the user's partition, as before.
+    ``search`` lists the ``(partition, seconds)`` rows tried for the winning rule and grouping.
+    """
+    limits = (config.group_bytes,) if config.explicit("group_bytes") else GROUP_CANDIDATES
+    if config.explicit("partition_bytes"):
+        limit = config.group_bytes if config.explicit("group_bytes") else 0
+        groups = group_runs(profile.nbytes, profile.group_kinds(), limit)
+        made = planner.plan(profile.grouped(groups), cost, config.partition_bytes)
+        if len(groups) != profile.num_tensors:
+            made = dataclasses.replace(made, groups=groups, group_bytes=limit)
+        return made, profile, ()
+    best = simulator.best_dcredit(profile, cost, overlap_forward=overlap_forward,
+                                  cycle_s=horovod_cycle_seconds(), group_limits=limits,
+                                  block_overhead_s=BLOCK_OVERHEAD_S[overlap_forward])
+    return best.plan, profile, best.search
+
+
+def log(logger: logging.Logger, cost: CostModel, samples, profile: Profile, plan, search,
+        seconds: float) -> None:
+    """The fitted link, the profile and the plan, once, on rank 0."""
+    logger.info("cost model: T(bytes) = max(%.3g s, %.3g s + %.3g s/B * bytes) (%.2f Gbit/s), "
+                "relative residual %s; from %s", cost.floor, cost.a, cost.b,
+                8e-9 / cost.b if cost.b else float("inf"),
+                f"{cost.residual:.3f}" if cost.residual is not None else "n/a",
+                ", ".join(f"{s} B: {t * 1e3:.2f} ms" for s, t in samples))
+    logger.info("profile: %d tensors, %.1f MB, forward %.1f ms, backward %.1f ms",
+                profile.num_tensors, profile.total_bytes / 1e6, profile.forward_time * 1e3,
+                profile.backward_time * 1e3)
+    if search:
+        logger.info("partition search (predicted iteration): %s",
+                    ", ".join(f"{s} B: {t * 1e3:.1f} ms" for s, t in search))
+    logger.info("plan: %s; phase-1 windows %s; planned in %.2f s", plan.describe(),
+                [w for w in plan.phase1_windows if w], seconds)
+
+
+def write(path: str, cost: CostModel, samples, profile: Profile, plan, search) -> None:
+    """``profile_out``: what ``python -m dcredit_hvd plan --profile`` reads back."""
+    record = {"cost": dataclasses.asdict(cost), "samples": samples,
+              "profile": dataclasses.asdict(profile),
+              "plan": {"partition_bytes": plan.partition_bytes, "windows": list(plan.windows)},
+              "search": [list(row) for row in search]}
+    with open(path, "w") as fh:
+        json.dump(record, fh, indent=1)
+
+
+def read(path: str) -> dict:
+    """The record ``write`` left at ``path`` (for ``plan --profile`` and the replay), or a
+    ``ValueError`` saying why it cannot be read."""
+    try:
+        with open(path) as fh:
+            return json.load(fh)
+    except OSError as exc:
+        raise ValueError(f"cannot read profile {path!r}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"profile {path!r} is not JSON: {exc}") from None
