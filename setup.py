@@ -16,6 +16,12 @@ setup(
     # source against the installed torch (scripts/install.sh, `make install`); listing it here
     # would make pip try a build of its own without the C++17 fix.
     install_requires=["torch>=2.1", "numpy"],
-    extras_require={"horovod": ["mpi4py"], "test": ["pytest", "hypothesis", "transformers", "peft"]},
+    # The frameworks' entry points (dcredit_hvd.lightning, dcredit_hvd.hf), pinned to the
+    # versions the tests run (scripts/install.sh): pip install dcredit_hvd[lightning] / [hf].
+    extras_require={"horovod": ["mpi4py"],
+                    "lightning": ["pytorch-lightning~=2.6.6"],
+                    "hf": ["transformers~=5.24.0", "accelerate~=1.15.0"],
+                    "test": ["pytest", "hypothesis", "transformers", "peft", "pytorch-lightning",
+                             "accelerate"]},
     license="Apache-2.0",
 )

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent set-up for dcredit_hvd on Debian, as root or with sudo.
 #
-#   Open MPI (Debian)  ->  .venv with torch==2.13.0, numpy, mpi4py, pytest, hypothesis, ruff
+#   Open MPI (Debian)  ->  .venv with torch==2.13.0, numpy, mpi4py, pytest, hypothesis, ruff,
+#   transformers, peft, pytorch-lightning and accelerate (the frameworks' tests)
 #   -> Horovod 0.28.1 built from the PyPI sdist with C++17 (needed for torch >= 2.1)
 #   -> this package, editable.
 #
@@ -32,6 +33,9 @@ TORCH_VERSION=${TORCH_VERSION:-2.13.0}
 TRANSFORMERS_VERSION=${TRANSFORMERS_VERSION:-5.24.0}
 # peft wraps a real model in LoRA adapters for the training-pattern parity tests.
 PEFT_VERSION=${PEFT_VERSION:-0.21.2}
+# The frameworks' tests run the real PyTorch Lightning and Hugging Face Trainer (on Accelerate).
+LIGHTNING_VERSION=${LIGHTNING_VERSION:-2.6.6}
+ACCELERATE_VERSION=${ACCELERATE_VERSION:-1.15.0}
 BUILD_DIR=${DCREDIT_BUILD_DIR:-$ROOT/.build}
 GPU_OPS=${DCREDIT_HOROVOD_GPU_OPS:-auto}
 MPI_MODE=${DCREDIT_HOROVOD_MPI:-auto}
@@ -101,11 +105,12 @@ if [ "$VENV" != system ] && [ ! -x "$PY" ]; then
     fi
 fi
 if [ "$machine_torch" = 0 ]; then
-    if ! "$PY" -c "import torch, numpy, mpi4py, pytest, hypothesis, transformers, peft; assert torch.__version__.split('+')[0] == '$TORCH_VERSION'; assert transformers.__version__ == '$TRANSFORMERS_VERSION'; assert peft.__version__ == '$PEFT_VERSION'" 2>/dev/null; then
-        log "pip install torch==$TORCH_VERSION numpy mpi4py pytest hypothesis ruff transformers==$TRANSFORMERS_VERSION peft==$PEFT_VERSION"
+    if ! "$PY" -c "import torch, numpy, mpi4py, pytest, hypothesis, transformers, peft, pytorch_lightning, accelerate; assert torch.__version__.split('+')[0] == '$TORCH_VERSION'; assert transformers.__version__ == '$TRANSFORMERS_VERSION'; assert peft.__version__ == '$PEFT_VERSION'; assert pytorch_lightning.__version__ == '$LIGHTNING_VERSION'; assert accelerate.__version__ == '$ACCELERATE_VERSION'" 2>/dev/null; then
+        log "pip install torch==$TORCH_VERSION numpy mpi4py pytest hypothesis ruff transformers==$TRANSFORMERS_VERSION peft==$PEFT_VERSION pytorch-lightning==$LIGHTNING_VERSION accelerate==$ACCELERATE_VERSION"
         "$PY" -m pip install -q --upgrade pip setuptools wheel
         "$PY" -m pip install -q "torch==$TORCH_VERSION" numpy mpi4py pytest hypothesis ruff matplotlib \
-            "transformers==$TRANSFORMERS_VERSION" "peft==$PEFT_VERSION"
+            "transformers==$TRANSFORMERS_VERSION" "peft==$PEFT_VERSION" \
+            "pytorch-lightning==$LIGHTNING_VERSION" "accelerate==$ACCELERATE_VERSION"
     fi
 else
     "$PY" -c "import torch" 2>/dev/null \
@@ -114,8 +119,8 @@ else
     # Horovod's setup.py needs bdist_wheel (wheel, or setuptools >= 70.1); -e needs >= 64.
     "$PY" -c "import setuptools, wheel, sys; sys.exit(int(setuptools.__version__.split('.')[0]) < 64)" \
         2>/dev/null || "$PY" -m pip install -q "${pip_src[@]}" --upgrade setuptools wheel
-    wanted=(pytest hypothesis "transformers==$TRANSFORMERS_VERSION")
-    [ -n "$WHEELS" ] || wanted+=(numpy ruff "peft==$PEFT_VERSION")
+    wanted=(pytest hypothesis "transformers==$TRANSFORMERS_VERSION" "accelerate==$ACCELERATE_VERSION")
+    [ -n "$WHEELS" ] || wanted+=(numpy ruff "peft==$PEFT_VERSION" "pytorch-lightning==$LIGHTNING_VERSION")
     if [ -z "$WHEELS" ] && command -v mpicxx >/dev/null && [ "$MPI_MODE" = auto ]; then
         wanted+=(mpi4py)
     fi
@@ -242,37 +247,55 @@ else
     fi
     # torch >= 2.14 headers need C++20 (operator<=> in c10/util/intrusive_ptr.h), older ones 17.
     cxx_std=${DCREDIT_HOROVOD_CXX_STD:-$("$PY" -c "import torch; v = tuple(int(x) for x in torch.__version__.split('+')[0].split('.')[:2]); print(20 if v >= (2, 14) else 17)" 2>/dev/null || echo 17)}
-    log "building horovod $HOROVOD_VERSION from the PyPI sdist with C++$cxx_std (about 5 minutes)"
-    rm -rf "$BUILD_DIR"; mkdir -p "$BUILD_DIR"
-    if [ -n "$WHEELS" ]; then
-        [ -f "$WHEELS/horovod-$HOROVOD_VERSION.tar.gz" ] \
-            || die "no horovod-$HOROVOD_VERSION.tar.gz in $WHEELS (scripts/gpu_wheelhouse.sh)"
-        cp "$WHEELS/horovod-$HOROVOD_VERSION.tar.gz" "$BUILD_DIR/"
-    else
-        "$PY" -m pip download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$BUILD_DIR"
-    fi
-    tar -xzf "$BUILD_DIR/horovod-$HOROVOD_VERSION.tar.gz" -C "$BUILD_DIR"
-    SRC=$BUILD_DIR/horovod-$HOROVOD_VERSION
-    # torch >= 2.1 headers need C++17; 0.28.1 pins 14 in these two files (upstream PR #3998).
-    sed -i "s/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD $cxx_std)/" \
-        "$SRC/CMakeLists.txt" "$SRC/horovod/torch/CMakeLists.txt"
-    grep -q "CMAKE_CXX_STANDARD $cxx_std" "$SRC/CMakeLists.txt" "$SRC/horovod/torch/CMakeLists.txt"
-    if ! "$PY" -c "import distutils.sysconfig" 2>/dev/null; then
-        # Python >= 3.12 without setuptools' distutils: CMake asks distutils for Python.h's
-        # folder, and horovodrun imports distutils.spawn.
-        sed -i 's/from distutils.sysconfig import get_python_inc; print(get_python_inc())/import sysconfig; print(sysconfig.get_paths()[\\"include\\"])/' \
-            "$SRC/horovod/torch/CMakeLists.txt"
-        sed -i 's/^from distutils.spawn import find_executable$/from shutil import which as find_executable/' \
-            "$SRC/horovod/runner/js_run.py"
-    fi
-    mpi_env=(HOROVOD_WITH_MPI=1)
-    if [ "$has_mpi" = 0 ]; then mpi_env=(HOROVOD_WITHOUT_MPI=1); log "building without MPI (Gloo only)"; fi
+    # The built wheel is kept per machine (DCREDIT_WHEEL_CACHE, default ~/.cache/dcredit_hvd),
+    # keyed by everything the binary depends on: a second clone on this machine installs it in
+    # seconds; a new machine, or another torch, Python or build option, builds again.
+    py_tag=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+    torch_tag=$("$PY" -c 'import torch; print(torch.__version__.replace("+", "_"))')
+    key="horovod-$HOROVOD_VERSION-$py_tag-torch$torch_tag-cxx$cxx_std-mpi$has_mpi-nccl$want_nccl-cuda$cuda"
+    wheel_dir=${DCREDIT_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/dcredit_hvd}/$key
     "$PY" -m pip install -q "${pip_src[@]}" cloudpickle psutil pyyaml packaging cffi
-    env HOROVOD_WITH_PYTORCH=1 "${mpi_env[@]}" HOROVOD_WITH_GLOO=1 \
-        HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
-        MAKEFLAGS="-j$JOBS" "${gpu_env[@]}" \
-        "$PY" -m pip install -q "${pip_src[@]}" --no-build-isolation --no-cache-dir "$SRC"
-    "$PY" -c "import horovod.torch as h; assert $check"
+    if ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
+        log "horovod $HOROVOD_VERSION: the wheel built earlier on this machine ($wheel_dir)"
+    else
+        rm -rf "$wheel_dir.tmp"; mkdir -p "$(dirname "$wheel_dir")"
+        log "building horovod $HOROVOD_VERSION from the PyPI sdist with C++$cxx_std (about 5 minutes)"
+        rm -rf "$BUILD_DIR"; mkdir -p "$BUILD_DIR"
+        if [ -n "$WHEELS" ]; then
+            [ -f "$WHEELS/horovod-$HOROVOD_VERSION.tar.gz" ] \
+                || die "no horovod-$HOROVOD_VERSION.tar.gz in $WHEELS (scripts/gpu_wheelhouse.sh)"
+            cp "$WHEELS/horovod-$HOROVOD_VERSION.tar.gz" "$BUILD_DIR/"
+        else
+            "$PY" -m pip download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$BUILD_DIR"
+        fi
+        tar -xzf "$BUILD_DIR/horovod-$HOROVOD_VERSION.tar.gz" -C "$BUILD_DIR"
+        SRC=$BUILD_DIR/horovod-$HOROVOD_VERSION
+        # torch >= 2.1 headers need C++17; 0.28.1 pins 14 in these two files (upstream PR #3998).
+        sed -i "s/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD $cxx_std)/" \
+            "$SRC/CMakeLists.txt" "$SRC/horovod/torch/CMakeLists.txt"
+        grep -q "CMAKE_CXX_STANDARD $cxx_std" "$SRC/CMakeLists.txt" "$SRC/horovod/torch/CMakeLists.txt"
+        if ! "$PY" -c "import distutils.sysconfig" 2>/dev/null; then
+            # Python >= 3.12 without setuptools' distutils: CMake asks distutils for Python.h's
+            # folder, and horovodrun imports distutils.spawn.
+            sed -i 's/from distutils.sysconfig import get_python_inc; print(get_python_inc())/import sysconfig; print(sysconfig.get_paths()[\\"include\\"])/' \
+                "$SRC/horovod/torch/CMakeLists.txt"
+            sed -i 's/^from distutils.spawn import find_executable$/from shutil import which as find_executable/' \
+                "$SRC/horovod/runner/js_run.py"
+        fi
+        mpi_env=(HOROVOD_WITH_MPI=1)
+        if [ "$has_mpi" = 0 ]; then mpi_env=(HOROVOD_WITHOUT_MPI=1); log "building without MPI (Gloo only)"; fi
+        env HOROVOD_WITH_PYTORCH=1 "${mpi_env[@]}" HOROVOD_WITH_GLOO=1 \
+            HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
+            MAKEFLAGS="-j$JOBS" "${gpu_env[@]}" \
+            "$PY" -m pip wheel -q "${pip_src[@]}" --no-deps --no-build-isolation --no-cache-dir \
+            -w "$wheel_dir.tmp" "$SRC"
+        mv "$wheel_dir.tmp" "$wheel_dir"
+    fi
+    "$PY" -m pip install -q --no-deps --force-reinstall "$wheel_dir"/horovod-*.whl
+    if ! "$PY" -c "import horovod.torch as h; assert $check" 2>/dev/null; then
+        rm -rf "$wheel_dir"
+        die "the horovod wheel in $wheel_dir does not import ($check); removed it: run again to rebuild"
+    fi
     rm -rf "$BUILD_DIR"
 fi
 
