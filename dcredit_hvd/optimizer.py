@@ -51,10 +51,10 @@ _CLOSED = (
 class _DistributedOptimizer(torch.optim.Optimizer):
     """Methods copied into the generated subclass of the user's optimizer class."""
 
-    def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
+    def __init__(self, params, named, compression, backward_passes_per_step, op,
                  gradient_predivide_factor, sparse_as_dense, transport, model, config):
+        # ``named``: the factory's checked named_parameters (``arguments.before_transport``).
         self._dcredit_base.__init__(self, params)
-        named = arguments.named_parameters(self.param_groups, named_parameters)
         state = self._state = OptimizerState(
             config=config, transport=transport, compression=compression, op=op,
             predivide=gradient_predivide_factor, sparse_as_dense=sparse_as_dense,
@@ -62,8 +62,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             requires_update=[p for group in self.param_groups for p in group["params"]
                              if p.requires_grad])
         state.delay = {p: backward_passes_per_step for p in state.requires_update}
-        if model is not None:
-            arguments.model_owns(model, state.requires_update, state.names)
         state.elastic = transport.elastic
         state.enabled = transport.included() and (transport.job_size() > 1 or state.elastic)
         # With the model known, step() returns at once and each parameter is updated when its
@@ -226,6 +224,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     _scheduler = property(lambda self: self._state.scheduler)
     _updater = property(lambda self: self._state.updater)
     _queued = property(lambda self: self._state.queued)
+    # Horovod's name for the parameter -> name map (its tests read it).
+    _parameter_names = property(lambda self: self._state.names)
 
     @property
     def _step_in_flight(self) -> bool:
@@ -306,15 +306,16 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     given = locals()      # the keyword extras are SchedulerConfig's fields, by name
     config = SchedulerConfig.resolve(**{name: given[name] for name in SchedulerConfig.ENV
                                         if name in given})
+    # Arguments first, as Horovod: a bad one gets its own error even before hvd.init().
+    named = arguments.before_transport(optimizer, named_parameters, num_groups, groups,
+                                       backward_passes_per_step, op, model)
     library, group = _library(config, process_set, process_group)
     op, compression = (library.AVERAGE if op is None else op,
                        library.COMPRESSION_NONE if compression is None else compression)
-    arguments.factory(op, gradient_predivide_factor, num_groups, groups,
-                      backward_passes_per_step, optimizer, model, library)
+    arguments.with_transport(op, gradient_predivide_factor, library)
     cls = _generated_class(optimizer.__class__, library)
-    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
-               op, gradient_predivide_factor, sparse_as_dense, library.transport(group), model,
-               config)
+    return cls(optimizer.param_groups, named, compression, backward_passes_per_step, op,
+               gradient_predivide_factor, sparse_as_dense, library.transport(group), model, config)
 
 
 def _library(config: SchedulerConfig, process_set: Any, process_group: Any) -> tuple[Any, Any]:

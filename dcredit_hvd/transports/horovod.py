@@ -38,7 +38,7 @@ HorovodInternalError = hvd.HorovodInternalError
 
 
 def check_op(op: Any) -> None:
-    """Horovod's own rules apply (``arguments.factory``; Adasum is refused there)."""
+    """Horovod's own rules apply (``arguments``; Adasum is refused before the transport)."""
 
 
 def default_group() -> Any:

@@ -110,3 +110,84 @@ def test_a_model_missing_some_optimizer_parameters_is_rejected_naming_them():
     holder.net, holder.temperature = model, temperature
     dcredit_hvd.DistributedOptimizer(opt, named_parameters=named, model=holder)
     dcredit_hvd.DistributedOptimizer(opt, named_parameters=named)
+
+
+# -- the order: arguments before the transport ---------------------------------------------------
+# Horovod checks its arguments before anything else, so its own tests build the optimizer with a
+# bad argument before hvd.init().  Here neither library is initialised (a fresh interpreter: this
+# module's hvd.init() does not reach it), so each bad argument must get its own error, not the
+# transport's "no collective library is initialised".
+ORDER_CASES = """
+import sys, itertools, warnings, torch, dcredit_hvd
+
+def attempt(label, build, **kwargs):
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            dcredit_hvd.DistributedOptimizer(opt, named_parameters=build(model), **kwargs)
+    except Exception as exc:
+        print(f"{label}|{type(exc).__name__}|{exc}")
+    else:
+        print(f"{label}|none|")
+
+two = lambda m: itertools.chain(m[0].named_parameters(), m[1].named_parameters())
+attempt("duplicates", two)
+attempt("not-tuples", lambda m: m.parameters())
+attempt("unnamed", lambda m: list(m.named_parameters())[:1])
+attempt("passes", lambda m: m.named_parameters(), backward_passes_per_step=0)
+attempt("groups", lambda m: m.named_parameters(), groups=2)
+attempt("num_groups", lambda m: m.named_parameters(), num_groups=2)
+attempt("model-type", lambda m: m.named_parameters(), model="net")
+attempt("model-other", lambda m: m.named_parameters(), model=torch.nn.Linear(2, 2))
+attempt("fine", lambda m: m.named_parameters())
+if "{horovod}" == "yes":            # hvd.Adasum is known without hvd.init()
+    import horovod.torch as hvd
+    attempt("adasum", lambda m: m.named_parameters(), op=hvd.Adasum)
+"""
+
+ORDER_EXPECTED = {
+    "duplicates": ("ValueError", "Parameter names in named_parameters must be unique. Found "
+                                 "duplicates: "),
+    "not-tuples": ("ValueError", "named_parameters should be a sequence of tuples (name, "
+                                 "parameter), usually produced by model.named_parameters()."),
+    "unnamed": ("ValueError", "named_parameters was specified, but one or more model parameters "
+                              "were not named. Python object ids: "),
+    "passes": ("ValueError", "backward_passes_per_step must be > 0"),
+    "groups": ("NotImplementedError", "groups/num_groups is not supported by dcredit_hvd"),
+    "num_groups": ("NotImplementedError", "groups/num_groups is not supported by dcredit_hvd"),
+    "model-type": ("TypeError", "model must be a torch.nn.Module, got str"),
+    "model-other": ("ValueError", "model= was given a Linear none of whose parameters"),
+    "fine": ("RuntimeError", "dcredit_hvd: no collective library is initialised."),
+    "adasum": ("NotImplementedError", "op=hvd.Adasum is not supported by dcredit_hvd"),
+}
+
+
+def _order_outcomes(horovod: bool) -> dict:
+    import subprocess
+    import sys
+    absent = "" if horovod else ("sys.modules['horovod'] = None; "
+                                 "sys.modules['horovod.torch'] = None\n")
+    code = "import sys\n" + absent + ORDER_CASES.replace("{horovod}", "yes" if horovod else "no")
+    env = {k: v for k, v in __import__("os").environ.items()
+           if not k.startswith(("OMPI_", "PMIX_", "HOROVOD_", "DCREDIT_"))
+           and k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=300, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = [line.split("|", 2) for line in result.stdout.splitlines() if line.count("|") >= 2]
+    return {label: (kind, text) for label, kind, text in rows}
+
+
+@pytest.mark.parametrize("horovod", [True, False], ids=["horovod-not-initialised",
+                                                        "torch-distributed-only"])
+def test_each_bad_argument_gets_its_own_error_before_the_transport_is_chosen(horovod):
+    outcomes = _order_outcomes(horovod)
+    expected = {k: v for k, v in ORDER_EXPECTED.items() if horovod or k != "adasum"}
+    assert set(outcomes) == set(expected), outcomes
+    for label, (kind, start) in expected.items():
+        got_kind, got_text = outcomes[label]
+        assert (got_kind, got_text[:len(start)]) == (kind, start), (label, outcomes[label])
+    if not horovod:
+        assert "torch.distributed" in outcomes["fine"][1]

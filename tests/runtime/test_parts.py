@@ -287,17 +287,22 @@ def test_named_parameters_are_checked_as_horovod_does():
 
 
 def test_the_factory_checks_keep_horovods_order_then_ask_the_transport():
-    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
-    asked = []
-    library = SimpleNamespace(AVERAGE="average", ADASUM="adasum", check_op=asked.append)
-    with pytest.raises(ValueError, match="gradient_predivide_factor"):
-        arguments.factory("sum", 2.0, 0, [1], 0, opt, None, library)
+    a = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([a], lr=0.1)
+    with pytest.raises(ValueError, match="backward_passes_per_step"):
+        arguments.before_transport(opt, [("x", a), ("x", a)], 0, [1], 0, None, None)
+    with pytest.raises(ValueError, match="must be unique"):
+        arguments.before_transport(opt, [("x", a), ("x", a)], 0, [1], 1, None, None)
     with pytest.raises(NotImplementedError, match="groups/num_groups"):
-        arguments.factory("average", 1.0, 0, [1], 0, opt, None, library)
-    with pytest.raises(NotImplementedError, match="Adasum"):
-        arguments.factory("adasum", 1.0, 0, None, 1, opt, None, library)
+        arguments.before_transport(opt, [("x", a)], 0, [1], 1, None, None)
+    assert arguments.before_transport(opt, iter([("x", a)]), 0, None, 1, "sum", None) == [
+        ("x", a)]
+    asked = []
+    library = SimpleNamespace(AVERAGE="average", check_op=asked.append)
+    with pytest.raises(ValueError, match="gradient_predivide_factor"):
+        arguments.with_transport("sum", 2.0, library)
     assert asked == []
-    arguments.factory("sum", 1.0, 0, None, 1, opt, None, library)
+    arguments.with_transport("sum", 1.0, library)
     assert asked == ["sum"]
 
 
