@@ -86,6 +86,13 @@ vcluster-report:
 demo: install
 	./scripts/demo.sh
 
+# The frameworks on 2 virtual hosts at 1 Gbit/s (about 4 minutes, root): one LightningModule under
+# strategy="ddp" and strategy="dcredit" and in a plain torchrun loop with dcredit_hvd; one GPT-2
+# under transformers.Trainer (DDP), DCreditTrainer and the plain loop; ms per step and speed-up.
+demo-frameworks: install
+	$(PY) scripts/bench_lightning.py
+	$(PY) scripts/bench_hf.py
+
 # The network changes during training (1 Gbit/s, 250 Mbit/s from 25 s, 1 Gbit/s from 50 s):
 # dcredit (re-plans online), dcredit-static, bytescheduler and horovod, 75 s each on 2 virtual
 # hosts (about 7.5 minutes with the compute- and communication-only launches); DRIFT_ARGS="--schedule 1gbit,100mbit@30,1gbit@60 --duration 90".

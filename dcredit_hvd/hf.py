@@ -1,0 +1,332 @@
+"""``DCreditTrainer``: the Hugging Face ``transformers.Trainer`` with ``dcredit_hvd`` scheduling
+its gradient all-reduces instead of DDP.
+
+    from dcredit_hvd.hf import DCreditTrainer
+    trainer = DCreditTrainer(model=model, args=args, train_dataset=ds)   # was: Trainer(...)
+    trainer.train()
+
+Launched as the plain ``Trainer`` is (``torchrun``, ``accelerate launch``).  What it changes,
+all through the Trainer's own extension points (``docs/frameworks-hf.md``):
+
+* ``create_optimizer``: the model is prepared by Accelerate for evaluation only (device,
+  autocast), so Accelerate's ``prepare`` leaves it unwrapped (no DDP); the initial parameters
+  and buffers are broadcast from rank 0; the optimizer (built by the Trainer or passed in
+  ``optimizers=``) is wrapped by ``dcredit_hvd.DistributedOptimizer`` with
+  ``backward_passes_per_step=gradient_accumulation_steps``.  The LR scheduler is built on the
+  wrapper (one passed in ``optimizers=`` is re-pointed at it).
+* ``training_step``: after the last micro-batch's backward, ``synchronize()``: the Trainer reads
+  every gradient between backward and ``step()`` (clipping with ``max_grad_norm``, and the
+  logged ``grad_norm``), so they must be reduced by then; the following ``step()`` runs in
+  ``skip_synchronize()`` (Horovod's clipping pattern).
+* ``dcredit_overlap=True`` (needs ``max_grad_norm=0``): ``step()`` returns at once and each
+  parameter is updated as its gradient arrives, overlapping the next forward pass.  The Trainer
+  then holds a thin module around the model whose ``zero_grad`` goes through the optimizer
+  (``model.zero_grad()`` would otherwise wait for every update), and ``grad_norm`` is not
+  logged (the reduced gradients are not known when the Trainer would read them).
+"""
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Mapping
+from contextlib import ExitStack
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from transformers import Trainer, TrainerCallback
+
+import dcredit_hvd
+from dcredit_hvd.config import SchedulerConfig
+
+#: ``DistributedOptimizer`` keywords a ``dcredit=`` mapping may set (the Trainer sets the rest).
+_OWN = ("named_parameters", "model", "backward_passes_per_step")
+#: Launchers' world sizes: several processes without torch.distributed (horovodrun, mpirun).
+_WORLD_VARIABLES = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+_KEYWORDS = tuple(name for name in inspect.signature(dcredit_hvd.DistributedOptimizer).parameters
+                  if name not in _OWN and name != "optimizer")
+
+
+class DCreditTrainer(Trainer):
+    """``transformers.Trainer`` whose gradients are all-reduced by ``dcredit_hvd``, not DDP.
+
+    Takes every ``Trainer`` argument, plus (keyword only):
+
+    * ``dcredit_policy``: ``"dcredit"`` (default), ``"bytescheduler"`` or ``"wfbp"``.
+    * ``dcredit_overlap``: apply each parameter's update as soon as its gradient is reduced,
+      overlapping the next forward pass (D-Credit's phase 2).  Needs ``max_grad_norm=0`` (and
+      no fp16 loss scaling): clipping needs every reduced gradient before any update.  Default
+      False: gradients are reduced before clipping, parameters updated at ``step()``.
+    * ``dcredit_model``: pass the model to the optimizer (``model=``; default True): priority
+      in the order forward reads the parameters, per-layer forward times for ``dcredit``'s plan.
+    * ``dcredit``: other ``dcredit_hvd.DistributedOptimizer`` keywords (``partition_bytes``,
+      ``credit_bytes``, ``profile_steps``, ``liveness_timeout`` ...), as a mapping or a
+      ``dcredit_hvd.config.SchedulerConfig``.
+    """
+
+    def __init__(self, *args: Any, dcredit_policy: Optional[str] = None,
+                 dcredit_overlap: bool = False, dcredit_model: bool = True,
+                 dcredit: Optional[Mapping[str, Any] | SchedulerConfig] = None,
+                 **kwargs: Any) -> None:
+        self._dcredit_settings = _settings(dcredit, dcredit_policy)
+        self._dcredit_overlap = bool(dcredit_overlap)
+        self._dcredit_model = bool(dcredit_model) or self._dcredit_overlap
+        self._dcredit_opt: Optional[torch.optim.Optimizer] = None
+        self._dcredit_skip = ExitStack()
+        self._dcredit_window_open = False
+        super().__init__(*args, **kwargs)
+        self.add_callback(_StepBoundary(self))
+        if self._dcredit_active():
+            self._dcredit_refuse_unsupported()
+
+    # -- the wrapped optimizer ------------------------------------------------------------------
+    @property
+    def dcredit_optimizer(self) -> Optional[torch.optim.Optimizer]:
+        """The ``dcredit_hvd.DistributedOptimizer`` (None before ``train()`` or in one process):
+        its ``plan``, ``measured``, ``replans`` and ``close()``."""
+        return self._dcredit_opt
+
+    def create_optimizer(self, model: Optional[nn.Module] = None) -> torch.optim.Optimizer:
+        """The Trainer's optimizer (or the one passed in ``optimizers=``), wrapped."""
+        if not self._dcredit_active():
+            return super().create_optimizer(model)
+        if model is not None and model is not self.model:
+            raise RuntimeError("dcredit_hvd.hf: the Trainer asked for an optimizer over an "
+                               "already wrapped model (delayed optimizer creation: FSDP, "
+                               "SageMaker); DCreditTrainer does not support that setup")
+        # Prepared for evaluation: device placement and autocast, and marked prepared, so the
+        # Trainer's accelerator.prepare(model, optimizer) returns it as it is, without DDP.
+        prepared = self.accelerator.prepare_model(self.model, evaluation_mode=True)
+        if prepared is not self.model:
+            raise RuntimeError("dcredit_hvd.hf: Accelerate replaced the model while preparing it "
+                               f"({type(prepared).__name__}); DCreditTrainer needs the model itself")
+        _broadcast_from_rank0(self.model)
+        inner = super().create_optimizer(model)
+        inner = getattr(inner, "optimizer", inner) if _is_accelerated(inner) else inner
+        if self._dcredit_opt is not None and inner is self._dcredit_opt:
+            self.optimizer = inner                      # a second train(): keep the wrapper
+            return inner
+        if hasattr(inner, "synchronize") and hasattr(inner, "skip_synchronize"):
+            raise ValueError("dcredit_hvd.hf: the optimizer passed in optimizers= is already a "
+                             "distributed optimizer; pass the plain torch optimizer: "
+                             "DCreditTrainer wraps it")
+        wrapped = dcredit_hvd.DistributedOptimizer(
+            inner, named_parameters=self.model.named_parameters(),
+            backward_passes_per_step=self.args.gradient_accumulation_steps,
+            model=self.model if self._dcredit_model else None, **self._dcredit_settings)
+        scheduler = self.lr_scheduler          # passed in optimizers=, built on ``inner``
+        if scheduler is not None and getattr(scheduler, "optimizer", None) is inner:
+            _follow(scheduler, wrapped)
+        self._dcredit_opt = self.optimizer = wrapped
+        return wrapped
+
+    # -- the step boundary ------------------------------------------------------------------------
+    def training_step(self, model: nn.Module, inputs: dict[str, Any],
+                      num_items_in_batch: Any = None) -> torch.Tensor:
+        """Forward and backward; after the last micro-batch of an optimizer step, wait for the
+        reduced gradients (the Trainer clips and measures them before ``step()``)."""
+        opt = self._dcredit_opt
+        if (opt is not None and not self._dcredit_window_open
+                and self.args.ddp_broadcast_buffers is not False):
+            # DDP's broadcast_buffers: rank 0's buffers (batch-norm statistics) before the
+            # first forward of each accumulation window (DDP skips it in no_sync windows).
+            _broadcast_from_rank0(self.model, parameters=False)
+        self._dcredit_window_open = True
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        if opt is not None and self.accelerator.sync_gradients:
+            self._dcredit_window_open = False
+            if not self._dcredit_overlap:
+                opt.synchronize()
+                self._dcredit_skip.close()
+                self._dcredit_skip.enter_context(opt.skip_synchronize())
+        return loss
+
+    def _end_of_step(self) -> None:
+        """After ``optimizer.step()``: leave ``skip_synchronize()``."""
+        self._dcredit_skip.close()
+
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        """``Trainer.train``; the updates the last ``step()`` owes are applied before it
+        returns, so the model is complete for whatever follows."""
+        try:
+            result = super().train(*args, **kwargs)
+        finally:
+            self._dcredit_skip.close()
+        if self._dcredit_opt is not None:
+            self._dcredit_opt.apply_pending_updates()
+        return result
+
+    # -- overlapped updates: two Trainer internals, checked at construction -------------------
+    def _wrap_model(self, model: nn.Module, training: bool = True, dataloader: Any = None
+                    ) -> nn.Module:
+        model = super()._wrap_model(model, training, dataloader)
+        if (training and self._dcredit_overlap and self._dcredit_active()
+                and model is self.model):
+            return _UpdatesInFlight(model, self)
+        return model
+
+    def _get_grad_norm(self, model: nn.Module, grad_norm: Any = None) -> Any:
+        if self._dcredit_overlap and self._dcredit_opt is not None:
+            return None      # the reduced gradients are not all there yet: nothing to log
+        return super()._get_grad_norm(model, grad_norm=grad_norm)
+
+    # -- what cannot work -------------------------------------------------------------------------
+    def _dcredit_active(self) -> bool:
+        """Several processes on torch.distributed; one process trains as the plain Trainer."""
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_world_size() > 1
+        launched = max(int(os.environ.get(name, "1") or 1) for name in _WORLD_VARIABLES)
+        if self.args.world_size > 1 or launched > 1:
+            raise RuntimeError(
+                f"dcredit_hvd.hf: {max(launched, self.args.world_size)} processes but "
+                "torch.distributed is not initialised; launch with torchrun or accelerate launch "
+                "(horovodrun is not supported: Accelerate has no Horovod backend)")
+        return False
+
+    def _dcredit_refuse_unsupported(self) -> None:
+        """Setups where the Trainer or Accelerate would reduce gradients or wrap the model
+        themselves, or where updates cannot overlap: a clear error, never a wrong training."""
+        args = self.args
+        refused = {
+            "DeepSpeed": self.is_deepspeed_enabled,
+            "FSDP": self.is_fsdp_enabled or bool(getattr(args, "fsdp", None)),
+            "torch_compile": bool(getattr(args, "torch_compile", False)),
+            "several GPUs per process (DataParallel)": args.n_gpu > 1,
+            "tensor/context/sequence parallelism (parallelism_config)":
+                getattr(self.accelerator, "parallelism_config", None) is not None,
+            "a model sharded at load time (tp_plan / distributed_config)":
+                bool(getattr(self, "is_distributed_loading_by_transformers", False)),
+        }
+        for what, on in refused.items():
+            if on:
+                raise ValueError(f"dcredit_hvd.hf: DCreditTrainer does not support {what}: "
+                                 "it replaces DDP, and that setup reduces gradients (or wraps "
+                                 "the model) its own way; use transformers.Trainer for it")
+        if self._dcredit_overlap:
+            if args.max_grad_norm and args.max_grad_norm > 0:
+                raise ValueError(
+                    f"dcredit_hvd.hf: dcredit_overlap=True needs max_grad_norm=0 (got "
+                    f"{args.max_grad_norm}): clipping needs every reduced gradient before any "
+                    "parameter is updated, so updates cannot overlap the next forward pass. "
+                    "Set max_grad_norm=0, or keep dcredit_overlap=False (clipping works; "
+                    "updates at step())")
+            if args.fp16:
+                raise ValueError("dcredit_hvd.hf: dcredit_overlap=True does not work with fp16 "
+                                 "loss scaling (the scaler reads every gradient before step()); "
+                                 "use bf16, or dcredit_overlap=False")
+            missing = [name for name in ("_wrap_model", "_get_grad_norm")
+                       if not callable(getattr(Trainer, name, None))]
+            if missing:
+                raise RuntimeError(f"dcredit_hvd.hf: this transformers version has no "
+                                   f"Trainer.{', '.join(missing)}; dcredit_overlap=True relies "
+                                   "on them: use dcredit_overlap=False")
+
+
+class _StepBoundary(TrainerCallback):
+    """Ends ``skip_synchronize()`` right after ``optimizer.step()``, and applies owed updates
+    before a checkpoint or an evaluation."""
+
+    def __init__(self, trainer: DCreditTrainer) -> None:
+        self._trainer = trainer
+
+    def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._trainer._end_of_step()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._trainer._end_of_step()
+        opt = self._trainer.dcredit_optimizer
+        if opt is not None and (control.should_save or control.should_evaluate):
+            opt.apply_pending_updates()
+
+
+class _UpdatesInFlight(nn.Module):
+    """What the Trainer's loop holds with ``dcredit_overlap=True``: the model itself does the
+    work; ``zero_grad`` goes through the optimizer, which zeroes each gradient after its owed
+    update instead of waiting for all of them (``Module.zero_grad`` reads every ``.grad``)."""
+
+    def __init__(self, module: nn.Module, trainer: DCreditTrainer) -> None:
+        super().__init__()
+        self.module = module
+        self._trainer = trainer
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        opt = self._trainer.dcredit_optimizer
+        if opt is None:
+            self.module.zero_grad(set_to_none=set_to_none)
+        else:
+            opt.zero_grad(set_to_none=set_to_none)
+
+
+def _settings(dcredit: Optional[Mapping[str, Any] | SchedulerConfig],
+              policy: Optional[str]) -> dict[str, Any]:
+    """``DistributedOptimizer`` keywords from ``dcredit=`` and ``dcredit_policy=``; the
+    transport is torch.distributed (Accelerate's process group) unless chosen."""
+    if dcredit is None:
+        settings: dict[str, Any] = {}
+    elif isinstance(dcredit, SchedulerConfig):
+        settings = {name: getattr(dcredit, name) for name in _KEYWORDS if hasattr(dcredit, name)}
+    elif isinstance(dcredit, Mapping):
+        settings = dict(dcredit)
+    else:
+        raise TypeError(f"dcredit_hvd.hf: dcredit= takes a mapping of DistributedOptimizer "
+                        f"keywords or a SchedulerConfig, got {type(dcredit).__name__}")
+    own = sorted(set(settings) & set(_OWN))
+    if own:
+        raise ValueError(f"dcredit_hvd.hf: dcredit= cannot set {', '.join(own)}: the Trainer "
+                         "sets them (dcredit_model=, gradient_accumulation_steps)")
+    unknown = sorted(set(settings) - set(_KEYWORDS))
+    if unknown:
+        raise TypeError(f"dcredit_hvd.hf: unknown dcredit= keyword(s) {', '.join(unknown)}; "
+                        f"known: {', '.join(_KEYWORDS)}")
+    if policy is not None:
+        settings["policy"] = policy
+    settings.setdefault("transport", "torch.distributed")
+    if settings["transport"] not in (None, "torch.distributed"):
+        raise ValueError("dcredit_hvd.hf: DCreditTrainer reduces over Accelerate's "
+                         "torch.distributed group; transport must be 'torch.distributed'")
+    return settings
+
+
+def _follow(scheduler: Any, wrapped: torch.optim.Optimizer) -> None:
+    """Point an LR scheduler built on the optimizer at its wrapper: the Trainer's Accelerate
+    prepare replaces the wrapper's parameter groups (``load_state_dict``), so the scheduler
+    must set the learning rates on the wrapper itself.  The wrapper's ``step`` is marked as a
+    scheduler built on it would mark it (``torch.optim.lr_scheduler``), so that the scheduler's
+    first ``step()`` does not warn that ``optimizer.step()`` was overridden."""
+    scheduler.optimizer = wrapped
+    step = wrapped.step
+
+    def tracked_step(*args: Any, **kwargs: Any) -> Any:
+        wrapped._opt_called = True
+        return step(*args, **kwargs)
+
+    tracked_step._wrapped_by_lr_sched = True
+    wrapped.step = tracked_step
+
+
+def _broadcast_from_rank0(model: nn.Module, parameters: bool = True) -> None:
+    """Rank 0's parameters and buffers (or buffers only) on every rank, as DDP does: one
+    broadcast per dtype and device (the tensors flattened), not one per tensor."""
+    seen: set[int] = set()
+    groups: dict[tuple, list[torch.Tensor]] = {}
+    for tensor in (list(model.parameters()) if parameters else []) + list(model.buffers()):
+        if id(tensor) not in seen and tensor.numel() > 0:
+            seen.add(id(tensor))
+            groups.setdefault((tensor.dtype, tensor.device), []).append(tensor.data)
+    with torch.no_grad():
+        for tensors in groups.values():
+            flat = torch.cat([t.reshape(-1) for t in tensors])
+            dist.broadcast(flat, src=0)
+            offset = 0
+            for t in tensors:
+                t.copy_(flat[offset:offset + t.numel()].view_as(t))
+                offset += t.numel()
+
+
+def _is_accelerated(opt: Any) -> bool:
+    """An ``accelerate.optimizer.AcceleratedOptimizer`` (a second ``train()`` finds one)."""
+    return type(opt).__name__ == "AcceleratedOptimizer" and hasattr(opt, "optimizer")
