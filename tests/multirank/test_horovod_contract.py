@@ -72,9 +72,18 @@ def same(a: list[torch.Tensor], b: list[torch.Tensor], tol: float = 1e-5) -> boo
     return len(a) == len(b) and all(torch.allclose(x, y, atol=tol, rtol=tol) for x, y in zip(a, b))
 
 
+#: Names for this file's own collectives: an unnamed one takes Horovod's next "noname" name, which
+#: a test elsewhere that failed on purpose on one rank may have left half-finished (it hung under
+#: horovodrun --gloo after test_reliability.py).  Every rank runs the same tests in the same order,
+#: so the counters agree.
+_NAMES = itertools.count()
+
+
 def agreed(tensors: list[torch.Tensor]) -> bool:
     """Whether every rank holds rank 0's values."""
-    return all(torch.equal(t, hvd.broadcast(t.clone(), root_rank=0)) for t in tensors)
+    return all(torch.equal(t, hvd.broadcast(t.clone(), root_rank=0,
+                                            name=f"contract.agreed.{next(_NAMES)}"))
+               for t in tensors)
 
 
 def trained(factory, steps: int = 3, **kwargs) -> list[torch.Tensor]:
@@ -294,7 +303,8 @@ def test_a_checkpoint_on_rank_0_reaches_every_rank_by_broadcast(options):
         F.mse_loss(model(x), y).backward()
         opt.step()
         checkpoint = {"model": model.state_dict(), "optimizer": opt.state_dict()}
-        reference = [hvd.broadcast(t.detach().clone(), root_rank=0)
+        reference = [hvd.broadcast(t.detach().clone(), root_rank=0,
+                                   name=f"contract.reference.{next(_NAMES)}")
                      for t in model.state_dict().values()]
         model, opt = _stepped(cls, options)          # fresh, as after a restart
         if hvd.rank() == 0:
