@@ -115,7 +115,7 @@ gpu-check:
 	bash scripts/gpu_check.sh $(GPU_CHECK_OUT)
 
 lint:
-	$(VENV)/bin/ruff check dcredit_hvd tests scripts
+	$(VENV)/bin/ruff check dcredit_hvd tests scripts examples
 
 clean:
 	rm -rf .build results .pytest_cache
