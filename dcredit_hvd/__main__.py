@@ -229,6 +229,9 @@ def _fusion_text(args: argparse.Namespace) -> str:
 
 
 def _mode_text(args: argparse.Namespace) -> str:
+    if getattr(args, "shard", False):
+        return (f"sharded over {args.workers} ranks: reduce-scatter in backward, all-gather in "
+                f"the next forward (horovod unsharded)")
     return ("overlap with the next forward" if args.overlap
             else "no overlap (step waits for all all-reduces)")
 
@@ -286,6 +289,10 @@ def _configure_simulate(p: argparse.ArgumentParser) -> None:
                    help="bytescheduler's credit (default 16MB = 4M float32 elements)")
     p.add_argument("--policies", default="horovod,wfbp,bytescheduler,dcredit",
                    help="comma-separated policies to simulate (default: all)")
+    p.add_argument("--shard", action="store_true",
+                   help="the sharded mode: reduce-scatter in backward, each rank updates its "
+                        "1/N shard, all-gather in the next forward (implies --overlap; "
+                        "simulator only, the runtime has no sharded mode yet)")
     p.add_argument("--markdown", action="store_true", help="print tables in Markdown")
 
 
@@ -293,6 +300,8 @@ def _run_simulate(args: argparse.Namespace) -> int:
     from .planning import simulator
 
     policies = [x.strip().lower() for x in args.policies.split(",") if x.strip()]
+    if args.shard:
+        args.overlap = True
     for name in policies:
         if name not in simulator.POLICY_NAMES:
             raise ValueError(f"unknown policy {name!r}; choose from {', '.join(simulator.POLICY_NAMES)}")
@@ -327,7 +336,8 @@ def _run_simulate(args: argparse.Namespace) -> int:
         results = simulator.compare(profile, cost, policies=policies,
                                     partition_bytes=args.partition, credit_bytes=args.credit,
                                     overlap_forward=args.overlap, cycle_s=args.cycle,
-                                    fusion_bytes=args.fusion, candidates=args.candidates)
+                                    fusion_bytes=args.fusion, candidates=args.candidates,
+                                    shard=args.shard, workers=args.workers)
         base = next((r.iteration_s for r in results if r.policy == "horovod"), None)
         for r in results:
             rows.append(([_canonical(model), f"{bandwidth / 1e9:g}"] if sweep else []) + [

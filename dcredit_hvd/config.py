@@ -220,6 +220,11 @@ class SchedulerConfig:
         what = f"{name}" if source == "keyword" else f"{cls.ENV[name]} (environment)"
         if name == "policy":
             policy = str(value).strip().lower()
+            if policy == "dear":
+                raise ValueError(f"{what}={value!r}: DeAR exists in the simulator only "
+                                 f"(python -m dcredit_hvd simulate --policies dear); the runtime "
+                                 f"cannot split all-reduces into reduce-scatter and all-gather "
+                                 f"yet. Choose one of {', '.join(POLICIES)}")
             if policy not in POLICIES:
                 raise ValueError(f"{what}={value!r} is not a known policy; choose one of "
                                  f"{', '.join(POLICIES)}")

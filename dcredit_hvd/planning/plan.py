@@ -28,6 +28,10 @@ PHASE2_PIPELINED = "pipelined"              # one window per tensor, the next go
 PHASE2_GROUPED = "grouped"                  # runs of consecutive tensors share a window (model optimum)
 PHASE2_GROUPED_PIPELINED = "grouped_pipelined"  # both
 PHASE2_RULES = (PHASE2_PER_TENSOR, PHASE2_PIPELINED, PHASE2_GROUPED, PHASE2_GROUPED_PIPELINED)
+#: Orders of the sharded mode's all-gathers (``Plan.gather_order``).
+GATHER_FORWARD = "forward"                  # strict forward order: layer 0's first
+GATHER_READY = "ready"                      # each as soon as its shard is updated
+GATHER_ORDERS = (GATHER_FORWARD, GATHER_READY)
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,10 @@ class Plan:
     groups: tuple[int, ...] = ()
     #: The ``group_runs`` limit ``groups`` came from, for logs (0: none).
     group_bytes: int = 0
+    #: Sharded mode only (``docs/algorithm.md`` §7): the all-gathers go in strict forward order
+    #: (``"forward"``: layer 0's first, what the next forward needs first) or as soon as their
+    #: shards are updated (``"ready"``: late layers' during backward, using its idle link).
+    gather_order: str = "forward"
 
     def __post_init__(self) -> None:
         m = self.blocks_per_tensor
@@ -111,6 +119,9 @@ class Plan:
         if (isinstance(self.phase2_depth, bool) or not isinstance(self.phase2_depth, numbers.Integral)
                 or self.phase2_depth < 1):
             raise ValueError(f"Plan: phase2_depth must be an int >= 1, got {self.phase2_depth!r}")
+        if self.gather_order not in GATHER_ORDERS:
+            raise ValueError(f"Plan: gather_order must be one of {GATHER_ORDERS}, "
+                             f"got {self.gather_order!r}")
         if self.groups and (len(self.groups) != L or any(
                 not isinstance(x, numbers.Integral) or x < 1 for x in self.groups)):
             raise ValueError(f"Plan: groups needs one member count >= 1 per unit ({L} units), "

@@ -38,17 +38,21 @@ unlike the planner's own timeline it sees Horovod's cycle, fusion and per-window
 """
 from __future__ import annotations
 
-import heapq
+import itertools
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..policies.base import Immediate, Policy
 from ..policies.bytescheduler import ByteScheduler
+from ..policies.dear import DeAR
 from ..policies.wfbp import WFBP
-from .blocks import Block, TensorLayout, build_layout, group_runs, partition
+from . import halves as two_halves
+from .blocks import TensorLayout, build_layout, group_runs, partition
 from .costmodel import CostModel
+from .engine import Engine, Iteration, Op, SimulationStalled  # noqa: F401  (re-exported)
+from .plan import GATHER_ORDERS
 from .profile import Profile
 
 #: ByteScheduler's defaults, 1M and 4M float32 elements (spec §7), as in ``config.py``.
@@ -77,13 +81,10 @@ DEFAULT_PLAN_RULES: tuple[dict[str, str], ...] = (
 DEFAULT_PHASE2_RULES: tuple[str, ...] = ("per_tensor", "pipelined", "grouped", "grouped_pipelined")
 
 #: Names ``simulate`` accepts besides Policy objects.
-POLICY_NAMES = ("horovod", "wfbp", "bytescheduler", "dcredit", "immediate")
+POLICY_NAMES = ("horovod", "wfbp", "bytescheduler", "dcredit", "dear", "immediate")
 #: Row names of the bounds in ``compare``.
 LOWER_BOUND = "lower_bound"
 NO_OVERLAP_BOUND = "no_overlap_bound"
-
-_READY, _TICK, _END = 0, 1, 2  # order of simultaneous events (see module docstring)
-
 
 def link_cost(bandwidth_bits_per_s: float, latency_s: float, workers: int,
               op_overhead_s: float = DEFAULT_OP_OVERHEAD_S) -> CostModel:
@@ -102,16 +103,6 @@ def link_cost(bandwidth_bits_per_s: float, latency_s: float, workers: int,
     n = workers
     return CostModel(a=2 * (n - 1) * latency_s + op_overhead_s,
                      b=2 * (n - 1) / n * 8.0 / bandwidth_bits_per_s)
-
-
-@dataclass(frozen=True)
-class Op:
-    """One all-reduce Horovod ran: when, how many bytes, which blocks (their ``(tensor, index)``)."""
-
-    start: float
-    end: float
-    nbytes: int
-    blocks: tuple[tuple[int, int], ...]
 
 
 @dataclass(frozen=True)
@@ -139,6 +130,10 @@ class SimResult:
     search: tuple[tuple[int, float], ...] = ()
     #: ``(rule, partition_bytes, simulated seconds)`` for every rule and partition tried.
     search_all: tuple[tuple[str, int, float], ...] = ()
+    #: Each all-reduce ran as a reduce-scatter and an all-gather (``dear``, or ``shard``).
+    halves: bool = False
+    #: The update ran on a ``1/workers`` shard (optimizer state ``1/workers`` per rank).
+    shard: bool = False
 
     @property
     def exposed_comm_s(self) -> float:
@@ -149,156 +144,6 @@ class SimResult:
     def gap(self) -> float:
         """Iteration time over the lower bound (1.0 = the physical limit)."""
         return self.iteration_s / self.lower_bound_s if self.lower_bound_s > 0 else math.inf
-
-
-class SimulationStalled(RuntimeError):
-    """The policy refused the head of the queue with nothing in flight and nothing to come."""
-
-
-@dataclass
-class _Iteration:
-    done: list[float]          # when each tensor's last block finished all-reducing
-    last_end: float            # when the iteration's last all-reduce finished
-    busy: float                # link busy seconds
-    ops: list[Op] = field(default_factory=list)
-
-
-class _Engine:
-    """The gate + Horovod loop.  State that survives an iteration: the cycle grid, and a cycle
-    start booked but not reached when the iteration's last block completed (carried over)."""
-
-    def __init__(self, profile: Profile, cost: CostModel, policy: Policy,
-                 layouts: Sequence[TensorLayout], cycle_s: float, fusion_bytes: int) -> None:
-        self.cost = cost
-        self.policy = policy
-        self.layouts = layouts
-        self.cycle = cycle_s
-        self.fusion = fusion_bytes
-        self.ready = profile.ready_times()
-        self.grid = 0.0                       # start of the last Horovod cycle that ran
-        self.carried_tick: float | None = None
-
-    def next_tick(self, now: float) -> float:
-        """First cycle start after the last one that ran, not before ``now`` (Horovod idles
-        on a fixed grid of ``cycle_s`` from its last cycle start)."""
-        if self.cycle <= 0:
-            return max(now, self.grid)
-        k = max(1, math.ceil((now - self.grid) / self.cycle - 1e-9))
-        return self.grid + k * self.cycle
-
-    def iteration(self, t0: float) -> _Iteration:
-        """One iteration's communication; backward starts at ``t0``."""
-        return _Run(self, t0).run()
-
-
-class _Run:
-    """One iteration of an ``_Engine``: the events (gradients ready, cycle starts, all-reduces
-    ending) in time order, the gate's queue, and the blocks released but waiting for a cycle."""
-
-    def __init__(self, engine: _Engine, t0: float) -> None:
-        self.engine, self.policy = engine, engine.policy
-        L = len(engine.layouts)
-        self.events: list[tuple[float, int, int, Any]] = []
-        self.seq = 0                                      # ties: the order events were booked
-        for l in range(L - 1, -1, -1):
-            self.events.append((t0 + engine.ready[l], _READY, self.seq, l))
-            self.seq += 1
-        self.tick_at = engine.carried_tick                # the next cycle start booked, if any
-        engine.carried_tick = None
-        if self.tick_at is not None:
-            self.events.append((self.tick_at, _TICK, self.seq, None))
-            self.seq += 1
-        heapq.heapify(self.events)
-        self.queue: list[tuple[int, int, Block]] = []     # ready, not released
-        self.pending: list[Block] = []                    # released, waiting for a Horovod cycle
-        self.remaining = [len(layout.blocks) for layout in engine.layouts]
-        self.outstanding = sum(self.remaining)
-        self.readies_left = L
-        self.result = _Iteration([math.nan] * L, t0, 0.0)
-
-    def run(self) -> _Iteration:
-        """Every event in time order until each block completed; a stall is an error."""
-        self.policy.start_iteration()
-        while self.events:
-            if self.outstanding == 0 and self.readies_left == 0:
-                break  # only the next (idle) cycle start is left: carry it over
-            now, kind, _, data = heapq.heappop(self.events)
-            if kind == _READY:
-                self._ready(data, now)
-            elif kind == _TICK:
-                self._cycle(now)
-            else:
-                self._complete(data, now)
-        if self.outstanding or self.readies_left:
-            stuck = [b.name for _, _, b in sorted(self.queue)[:3]]
-            raise SimulationStalled(
-                f"{self.policy.describe()} stalled: {self.outstanding} block(s) never completed; "
-                f"the policy refuses the queue head with nothing in flight (queued: {stuck}...)")
-        self.engine.carried_tick = self.tick_at
-        return self.result
-
-    def _book(self, when: float, kind: int, data: Any) -> None:
-        heapq.heappush(self.events, (when, kind, self.seq, data))
-        self.seq += 1
-
-    def _pump(self, now: float) -> None:
-        """Release the queue's head while the policy admits it; the first block released
-        books the next cycle start."""
-        while self.queue and self.policy.admit(self.queue[0][2]):
-            self.pending.append(heapq.heappop(self.queue)[2])
-        if self.pending and self.tick_at is None:
-            self.tick_at = self.engine.next_tick(now)
-            self._book(self.tick_at, _TICK, None)
-
-    def _ready(self, l: int, now: float) -> None:
-        """Gradient ``l`` is ready: its blocks join the queue (tensor 0 ends backward)."""
-        self.readies_left -= 1
-        for block in self.engine.layouts[l].blocks:
-            heapq.heappush(self.queue, (block.tensor, block.index, block))
-        self.policy.on_ready(l)
-        self._pump(now)
-        if l == 0:
-            self.policy.on_backward_end()
-            self._pump(now)
-
-    def _cycle(self, now: float) -> None:
-        """A Horovod cycle starts: it takes every released block, fuses them in order into
-        buffers of at most ``fusion_bytes`` and runs those all-reduces back to back."""
-        engine = self.engine
-        self.tick_at = None
-        engine.grid = now
-        if not self.pending:
-            return
-        start = now
-        group: list[Block] = []
-        size = 0
-        for block in self.pending + [None]:  # type: ignore[list-item]
-            if group and (block is None or engine.fusion <= 0 or size + block.nbytes > engine.fusion):
-                end = start + engine.cost.time(size)
-                self.result.ops.append(Op(start, end, size, tuple(b.key for b in group)))
-                self.result.busy += end - start
-                self._book(end, _END, group)
-                start, group, size = end, [], 0
-            if block is not None:
-                group.append(block)
-                size += block.nbytes
-        self.pending.clear()
-        self.tick_at = start if engine.cycle <= 0 else max(now + engine.cycle, start)
-        self._book(self.tick_at, _TICK, None)
-
-    def _complete(self, blocks: list[Block], now: float) -> None:
-        """One all-reduce ended: its blocks are done, the policy hears of each."""
-        for block in blocks:
-            t = block.tensor
-            self.remaining[t] -= 1
-            if self.remaining[t] < 0:
-                raise AssertionError(f"block {block.key} of {block.name} sent twice")
-            if self.remaining[t] == 0:
-                self.result.done[t] = now
-            self.outstanding -= 1
-            self.policy.on_complete(block)
-        self.result.last_end = max(self.result.last_end, now)
-        self._pump(now)
 
 
 def _layouts(profile: Profile, partition_bytes: int | None) -> list[TensorLayout]:
@@ -394,6 +239,8 @@ def make_policy(name: str, profile: Profile, cost: CostModel, *,
         return WFBP()
     if name == "bytescheduler":
         return ByteScheduler(credit_bytes)
+    if name == "dear":
+        return DeAR()
     if name == "dcredit":
         from ..policies.dcredit import DCredit
         from .planner import plan
@@ -406,7 +253,10 @@ def simulate(profile: Profile, cost: CostModel, policy: str | Policy, *,
              partition_bytes: int | None = DEFAULT_PARTITION_BYTES,
              credit_bytes: int = DEFAULT_CREDIT_BYTES, overlap_forward: bool = False,
              cycle_s: float = DEFAULT_CYCLE_S, fusion_bytes: int | None = None,
-             warmup: int = 1, iterations: int = 2, block_overhead_s: float = 0.0) -> SimResult:
+             warmup: int = 1, iterations: int = 2, block_overhead_s: float = 0.0,
+             shard: bool = False, workers: int | None = None,
+             scatter_cost: CostModel | None = None,
+             gather_cost: CostModel | None = None) -> SimResult:
     """Simulate ``policy`` (a name in ``POLICY_NAMES`` or a ``Policy`` object) on ``profile``.
 
     A ``DCredit`` whose plan groups tensors (``Plan.groups``) runs on the units it forms
@@ -418,6 +268,12 @@ def simulate(profile: Profile, cost: CostModel, policy: str | Policy, *,
     time with fusion and never overlaps the next forward.  ``fusion_bytes=None`` means Horovod's
     128 MiB, except for ``wfbp``, which by definition sends one all-reduce per tensor with no
     fusion (spec §7).  A Policy object passed in is bound to this profile's layout.
+
+    The two halves (``halves``): ``dear`` always splits each all-reduce into a reduce-scatter
+    in backward and an all-gather in the next forward (no Horovod fusion, like ``wfbp``: its
+    buffers are its fusion); ``shard=True`` does the same for any other policy, the all-gathers
+    under ``Policy.gather_rule``, the update on a ``1/workers`` shard between the halves.  Their
+    costs default to ``halves.split_cost(cost)``; the bound is ``halves.lower_bound``.
     """
     if cycle_s < 0:
         raise ValueError(f"cycle_s must be >= 0, got {cycle_s}")
@@ -430,25 +286,28 @@ def simulate(profile: Profile, cost: CostModel, policy: str | Policy, *,
                           cycle_s=cycle_s)
     else:
         label, obj = policy.name, policy
-    if label == "horovod":
-        part: int | None = None
-        overlap_forward = False
-    else:
-        part = obj.partition_bytes(partition_bytes)
+    _check_shard(label, shard, workers)
+    split = shard or label == "dear"
+    part = None if label == "horovod" else obj.partition_bytes(partition_bytes)
+    # horovod's step() waits for every all-reduce; dear's all-gathers run in the next forward.
+    overlap_forward = label == "dear" or (overlap_forward and label != "horovod")
     if fusion_bytes is None:
-        fusion_bytes = 0 if label == "wfbp" else DEFAULT_FUSION_BYTES
-    bound = lower_bound(profile, cost)
-    compute = profile.forward_time + profile.backward_time + sum(profile.t_u)
-    groups = getattr(getattr(obj, "plan", None), "groups", ())
+        fusion_bytes = 0 if label in ("wfbp", "dear") else DEFAULT_FUSION_BYTES
+    rs, ag = two_halves.split_cost(cost)
+    rs, ag = scatter_cost or rs, gather_cost or ag
+    bound, compute = _limits(profile, cost, (rs, ag) if split else None, shard, workers or 1)
+    groups = obj.groups(profile.nbytes, profile.group_kinds())
     if groups:
         profile = profile.grouped(groups)
     layouts = _layouts(profile, part)
     obj.bind(layouts)
     profile = with_block_overhead(profile, layouts, block_overhead_s)
-    engine = _Engine(profile, cost, obj, layouts, cycle_s, fusion_bytes)
+    halves = (two_halves.make_halves(label, obj, rs, ag, profile, workers or 1)
+              if split else None)
+    engine = Engine(profile, cost, obj, layouts, cycle_s, fusion_bytes, halves)
     starts, busy, ops, last = _iterate(engine, profile, overlap_forward, warmup, iterations)
     t0 = starts[-2]
-    trace = tuple(Op(o.start - t0, o.end - t0, o.nbytes, o.blocks) for o in last.ops)
+    trace = tuple(replace(o, start=o.start - t0, end=o.end - t0) for o in last.ops)
     return SimResult(
         policy=label,
         description="horovod(DistributedOptimizer)" if label == "horovod" else obj.describe(),
@@ -464,32 +323,58 @@ def simulate(profile: Profile, cost: CostModel, policy: str | Policy, *,
         cycle_s=cycle_s,
         trace=trace,
         plan=getattr(obj, "plan", None),
+        halves=split,
+        shard=shard,
     )
 
 
-def _iterate(engine: _Engine, profile: Profile, overlap_forward: bool, warmup: int,
-             iterations: int) -> tuple[list[float], float, float, _Iteration]:
+def _check_shard(label: str, shard: bool, workers: int | None) -> None:
+    if shard and label == "horovod":
+        raise ValueError("simulate: horovod's DistributedOptimizer all-reduces in step(); "
+                         "shard=True needs a policy that overlaps the next forward")
+    if shard and (workers is None or workers < 1):
+        raise ValueError("simulate: shard=True needs workers (the ranks the state is split over)")
+
+
+def _limits(profile: Profile, cost: CostModel, split: tuple[CostModel, CostModel] | None,
+            shard: bool, workers: int) -> tuple[float, float]:
+    """The lower bound and the compute of one iteration: all-reduces, or their two halves
+    (``split``: their costs), with the update on a ``1/workers`` shard when ``shard``."""
+    if split is None:
+        return lower_bound(profile, cost), profile.forward_time + profile.backward_time + sum(profile.t_u)
+    update = two_halves.shard_update_times(profile, workers) if shard else profile.t_u
+    return (two_halves.lower_bound(profile, *split, workers, sharded=shard),
+            profile.forward_time + profile.backward_time + sum(update))
+
+
+def _iterate(engine: Engine, profile: Profile, overlap_forward: bool, warmup: int,
+             iterations: int) -> tuple[list[float], float, float, Iteration]:
     """Run ``warmup + iterations`` iterations back to back: each backward starts when the
     previous iteration's forward ends, which waits for every all-reduce and update
     (``overlap_forward=False``) or, layer by layer, for its own tensor's (True).  Returns every
     iteration's start, then the link busy seconds and all-reduces summed over the measured
-    iterations, and the last iteration."""
+    iterations, and the last iteration.  Sharded (``Halves.update_in_forward`` False), the
+    update already ran between a tensor's halves: the forward waits only for its all-gather."""
     t_f = profile.t_f
     t_u = profile.t_u or (0.0,) * profile.num_tensors
+    shard_updates = 0.0           # run after backward, before the forward (Halves' docstring)
+    if engine.halves is not None and not engine.halves.update_in_forward:
+        t_u = (0.0,) * profile.num_tensors
+        shard_updates = sum(engine.halves.shard_update_s)
     fwd, bwd, upd = profile.forward_time, profile.backward_time, sum(t_u)
     start = fwd                     # iteration 0's forward waits for nothing
     starts = [start]
     busy = ops = 0.0
-    last: _Iteration | None = None
+    last: Iteration | None = None
     for k in range(warmup + iterations):
         it = engine.iteration(start)
         if overlap_forward:
-            f = start + bwd
+            f = start + bwd + shard_updates
             for l in range(profile.num_tensors):
                 f = max(f, it.done[l]) + t_u[l] + t_f[l]
             start = f
         else:
-            start = max(start + bwd, it.last_end) + upd + fwd
+            start = max(start + bwd + shard_updates, it.last_end) + upd + fwd
         starts.append(start)
         if k >= warmup:
             busy += it.busy
@@ -506,7 +391,8 @@ def best_dcredit(profile: Profile, cost: CostModel, *,
                  rules: Sequence[Mapping[str, Any]] = DEFAULT_PLAN_RULES,
                  phase2_rules: Sequence[str] = DEFAULT_PHASE2_RULES,
                  group_limits: Sequence[int] = (0,),
-                 block_overhead_s: float = 0.0) -> SimResult:
+                 block_overhead_s: float = 0.0, shard: bool = False,
+                 workers: int | None = None) -> SimResult:
     """D-Credit with the grouping, partition size and planner rule chosen by simulation.
 
     Every ``group_limits`` entry forms units (``blocks.group_runs``: runs of consecutive small
@@ -527,6 +413,10 @@ def best_dcredit(profile: Profile, cost: CostModel, *,
     order first, so the spec's ``per_tensor`` wins ties); the winner's phase-2 layout travels in
     the plan (``Plan.phase2_group``, ``Plan.phase2_depth``), which is all ``DCredit`` reads.
     Without overlap ``phase2_rules`` is ignored (phase 2 drains at once).
+
+    ``shard=True`` searches the sharded mode (``simulate(shard=True)``): plans are made on the
+    reduce-scatter's cost (``halves.split_cost``), the half that phase 1 sends, and every
+    rule is tried with each order of the all-gathers (``Plan.gather_order``).
     """
     if not rules:
         raise ValueError("best_dcredit: no planner rules given")
@@ -538,7 +428,8 @@ def best_dcredit(profile: Profile, cost: CostModel, *,
     if not group_limits:
         raise ValueError("best_dcredit: no group limits given (0 means no grouping)")
     sim = {"overlap_forward": overlap_forward, "cycle_s": cycle_s, "fusion_bytes": fusion_bytes,
-           "warmup": warmup, "iterations": iterations, "block_overhead_s": block_overhead_s}
+           "warmup": warmup, "iterations": iterations, "block_overhead_s": block_overhead_s,
+           "shard": shard, "workers": workers}
     best: SimResult | None = None
     every: list[tuple[str, int, float]] = []
     crossed = [{**options, **({} if p2 is None else {"phase2": p2})}
@@ -552,10 +443,12 @@ def best_dcredit(profile: Profile, cost: CostModel, *,
         units = profile.grouped(groups)
         grouping = {} if len(groups) == profile.num_tensors else {"groups": groups,
                                                                   "group_bytes": limit}
-        for options in crossed:
+        for options, order in itertools.product(crossed, GATHER_ORDERS if shard else (None,)):
             options = {**options, "cycle_s": cycle_s, "overlap_forward": overlap_forward}
-            result, table = _best_partition(profile, units, grouping, cost, candidates, options, sim)
-            label = result.plan.label + (f", groups <= {limit} B" if grouping else "")
+            chosen = {**grouping, **({"gather_order": order} if order else {})}
+            result, table = _best_partition(profile, units, chosen, cost, candidates, options, sim)
+            label = (result.plan.label + (f", groups <= {limit} B" if grouping else "")
+                     + (f", gathers in {order} order" if order else ""))
             every.extend((label, s, t) for s, t in table)
             if best is None or result.iteration_s < best.iteration_s:
                 best = result
@@ -575,8 +468,10 @@ def _best_partition(profile: Profile, units: Profile, grouping: Mapping[str, Any
     cache: dict[int, SimResult] = {}
     same: dict[tuple[tuple[int, int], ...], SimResult] = {}
 
+    plan_cost = two_halves.split_cost(cost)[0] if sim.get("shard") else cost
+
     def run(size: int) -> SimResult:
-        made = replace(plan(units, cost, size, **options), **grouping)
+        made = replace(plan(units, plan_cost, size, **options), **grouping)
         return simulate(profile, cost, DCredit(made, overlap_forward=sim["overlap_forward"]), **sim)
 
     def predict(_profile: Profile, _cost: CostModel, size: int) -> float:
@@ -604,26 +499,34 @@ def compare(profile: Profile, cost: CostModel, *,
             credit_bytes: int = DEFAULT_CREDIT_BYTES, overlap_forward: bool = False,
             cycle_s: float = DEFAULT_CYCLE_S, fusion_bytes: int | None = None,
             candidates: Sequence[int] = DEFAULT_CANDIDATES,
-            warmup: int = 1, iterations: int = 2) -> list[SimResult]:
+            warmup: int = 1, iterations: int = 2, shard: bool = False,
+            workers: int | None = None) -> list[SimResult]:
     """Every policy side by side on one profile and link, then the bounds as last rows:
     ``no_overlap_bound`` (only when ``overlap_forward`` is False) and ``lower_bound``.
+
+    ``shard=True`` runs every policy but ``horovod`` (which cannot) in the sharded mode over
+    ``workers`` ranks; the last row is then ``halves.lower_bound``.
 
     ``dcredit`` gets its partition from :func:`best_dcredit` (``candidates``); the baselines run
     at ``partition_bytes``/``credit_bytes`` (ByteScheduler's defaults unless told otherwise).
     """
     rows = []
     for name in policies:
+        sharded = {"shard": shard and name != "horovod", "workers": workers}
         if name == "dcredit":
             rows.append(best_dcredit(profile, cost, candidates=candidates,
                                      overlap_forward=overlap_forward, cycle_s=cycle_s,
                                      fusion_bytes=fusion_bytes, warmup=warmup,
-                                     iterations=iterations))
+                                     iterations=iterations, **sharded))
         else:
             rows.append(simulate(profile, cost, name, partition_bytes=partition_bytes,
                                  credit_bytes=credit_bytes, overlap_forward=overlap_forward,
                                  cycle_s=cycle_s, fusion_bytes=fusion_bytes, warmup=warmup,
-                                 iterations=iterations))
+                                 iterations=iterations, **sharded))
     bound = lower_bound(profile, cost)
+    if shard:
+        rs, ag = two_halves.split_cost(cost)
+        bound = two_halves.lower_bound(profile, rs, ag, workers or 1, sharded=True)
     compute = profile.forward_time + profile.backward_time + sum(profile.t_u)
     if not overlap_forward:
         rows.append(SimResult(
@@ -634,7 +537,8 @@ def compare(profile: Profile, cost: CostModel, *,
             blocks_per_iteration=profile.num_tensors, partition_bytes=None,
             overlap_forward=False, fusion_bytes=0, cycle_s=0.0))
     rows.append(SimResult(
-        policy=LOWER_BOUND, description="max(compute, a + b * total bytes)", iteration_s=bound,
+        policy=LOWER_BOUND, description=("max(compute, T_rs(total) + T_ag(total))" if shard else
+                                         "max(compute, a + b * total bytes)"), iteration_s=bound,
         compute_s=compute, link_busy_s=cost.time(profile.total_bytes), lower_bound_s=bound,
         ops_per_iteration=1, blocks_per_iteration=profile.num_tensors, partition_bytes=None,
         overlap_forward=overlap_forward, fusion_bytes=0, cycle_s=0.0))

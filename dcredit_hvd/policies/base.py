@@ -37,6 +37,22 @@ class Policy(ABC):
         """Block size this rule sends with; ``None`` keeps tensors whole."""
         return configured
 
+    def groups(self, nbytes: Sequence[int], kinds: Sequence[object]) -> tuple[int, ...]:
+        """The units this rule sends: member counts of runs of consecutive tensors that share
+        one buffer (``blocks.build_layout``); ``()``: every tensor is its own unit."""
+        return ()
+
+    def gather_rule(self) -> Policy:
+        """A fresh instance of this rule for the all-gathers, when each all-reduce is split into
+        a reduce-scatter during backward and an all-gather during the next forward (the driver
+        calls its ``on_backward_end`` before the first all-gather: it runs as phase 2)."""
+        return type(self)()
+
+    def gathers_in_forward_order(self) -> bool:
+        """Whether the sharded mode holds each all-gather until every earlier one has gone
+        (``InForwardOrder``); the next forward needs layer 0's parameters first."""
+        return True
+
     def bind(self, layouts: Sequence[TensorLayout]) -> None:
         self.layouts = layouts
 
@@ -75,3 +91,50 @@ class Immediate(Policy):
 
     def admit(self, block: Block) -> bool:
         return True
+
+
+class InForwardOrder(Policy):
+    """Another rule, restricted to blocks in strict priority (forward) order.
+
+    The all-gathers of the sharded mode become ready in the order their reduce-scatters and
+    shard updates finish, which is backward order: the last layers first.  The next forward
+    needs layer 0 first, so a block may go only when every block before it has gone::
+
+        admit(head)  <=>  head == next block in (tensor, index) order  and  inner.admit(head)
+
+    Liveness: every block becomes ready eventually, so ``next`` does, and it is then the head.
+    """
+
+    name = "in-forward-order"
+
+    def __init__(self, inner: Policy) -> None:
+        super().__init__()
+        self.inner = inner
+        self._next = (0, 0)
+
+    def bind(self, layouts: Sequence[TensorLayout]) -> None:
+        super().bind(layouts)
+        self.inner.bind(layouts)
+
+    def start_iteration(self) -> None:
+        self._next = (0, 0)
+        self.inner.start_iteration()
+
+    def on_ready(self, tensor: int) -> None:
+        self.inner.on_ready(tensor)
+
+    def on_backward_end(self) -> None:
+        self.inner.on_backward_end()
+
+    def on_complete(self, block: Block) -> None:
+        self.inner.on_complete(block)
+
+    def admit(self, block: Block) -> bool:
+        if block.key != self._next or not self.inner.admit(block):
+            return False
+        t, i = block.key
+        self._next = (t, i + 1) if i + 1 < len(self.layouts[t].blocks) else (t + 1, 0)
+        return True
+
+    def describe(self) -> str:
+        return f"{self.inner.describe()} in forward order"

@@ -37,5 +37,8 @@ class ByteScheduler(Policy):
     def on_complete(self, block: Block) -> None:
         self.inflight_bytes -= block.nbytes
 
+    def gather_rule(self) -> Policy:
+        return ByteScheduler(self.credit_bytes)
+
     def describe(self) -> str:
         return f"bytescheduler(credit={self.credit_bytes} B)"

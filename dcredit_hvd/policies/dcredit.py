@@ -51,6 +51,7 @@ from collections.abc import Sequence
 
 from ..planning.blocks import Block, TensorLayout
 from ..planning.costmodel import CostModel
+from ..planning.plan import GATHER_FORWARD
 from ..planning.planner import Plan
 from ..planning.planner import plan as make_plan
 from ..planning.profile import Profile
@@ -96,6 +97,16 @@ class DCredit(Policy):
     def partition_bytes(self, configured: int | None) -> int | None:
         """The plan's ``S_p``, whatever was configured: planner and runtime must agree (defect 5)."""
         return self.plan.partition_bytes
+
+    def groups(self, nbytes: Sequence[int], kinds: Sequence[object]) -> tuple[int, ...]:
+        return tuple(self.plan.groups)
+
+    def gather_rule(self) -> DCredit:
+        """The same plan's phase-2 windows, in forward order, for the all-gathers."""
+        return DCredit(self.plan, overlap_forward=True)
+
+    def gathers_in_forward_order(self) -> bool:
+        return self.plan.gather_order == GATHER_FORWARD
 
     def bind(self, layouts: Sequence[TensorLayout]) -> None:
         """Refuse a layout the plan was not made for: a count mismatch is how the authors' runtime hung."""

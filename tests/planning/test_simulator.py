@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from dcredit_hvd.__main__ import main, parse_rate, parse_size, parse_time
 from dcredit_hvd.bench import zoo
+from dcredit_hvd.planning import halves
 from dcredit_hvd.planning import simulator as sim
 from dcredit_hvd.planning.blocks import Block
 from dcredit_hvd.planning.costmodel import CostModel
@@ -367,21 +368,28 @@ def cases(draw):
 
 
 def _check(p: Profile, cost: CostModel, r: sim.SimResult) -> None:
-    bound = sim.lower_bound(p, cost)
-    assert r.iteration_s >= bound * (1 - 1e-9) - 1e-12, (r.policy, r.iteration_s, bound)
+    assert r.iteration_s >= r.lower_bound_s * (1 - 1e-9) - 1e-12, (r.policy, r.iteration_s)
     assert r.iteration_s >= r.compute_s * (1 - 1e-9) - 1e-12
-    # Every block of the layout goes out exactly once per iteration.
-    sent = collections.Counter(k for op in r.trace for k in op.blocks)
+    if r.halves:
+        rs, ag = halves.split_cost(cost)
+        costs = {"reduce_scatter": rs, "all_gather": ag}
+        assert r.lower_bound_s == pytest.approx(halves.lower_bound(p, rs, ag, 4, sharded=r.shard))
+    else:
+        costs = {"allreduce": cost}
+        assert r.lower_bound_s == pytest.approx(sim.lower_bound(p, cost))
+    # Every block of the layout goes out exactly once per iteration, once in each half.
+    sent = collections.Counter((op.kind, k) for op in r.trace for k in op.blocks)
     assert all(v == 1 for v in sent.values())
-    assert len(sent) == r.blocks_per_iteration
-    assert {t for t, _ in sent} == set(range(p.num_tensors))
-    # One all-reduce at a time, each costing a + b * bytes.
+    assert len(sent) == r.blocks_per_iteration * len(costs)
+    assert {kind for kind, _ in sent} == set(costs)
+    assert {t for _, (t, _) in sent} == set(range(p.num_tensors)) or r.policy == "dear"
+    # One collective at a time, each costing its half's a + b * bytes.
     for op in r.trace:
-        assert op.end - op.start == pytest.approx(cost.time(op.nbytes), rel=1e-9, abs=1e-12)
+        assert op.end - op.start == pytest.approx(costs[op.kind].time(op.nbytes), rel=1e-9, abs=1e-12)
     for first, second in zip(r.trace, r.trace[1:]):
         assert second.start >= first.end - 1e-9
-    assert r.link_busy_s >= cost.time(p.total_bytes) * (1 - 1e-9) - 1e-12
-    if not r.overlap_forward:
+    assert r.link_busy_s >= sum(c.time(p.total_bytes) for c in costs.values()) * (1 - 1e-9) - 1e-12
+    if not r.overlap_forward and not r.halves:
         assert r.iteration_s >= sim.no_overlap_bound(p, cost) * (1 - 1e-9) - 1e-12
 
 
@@ -390,6 +398,13 @@ def _check(p: Profile, cost: CostModel, r: sim.SimResult) -> None:
 def test_every_policy_is_at_least_the_lower_bounds_and_sends_each_block_once(case, name):
     p, cost, options = case
     _check(p, cost, sim.simulate(p, cost, name, **options))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases(), st.sampled_from([n for n in sim.POLICY_NAMES if n != "horovod"]))
+def test_every_policy_sharded_is_at_least_its_bound_and_sends_each_block_once_per_half(case, name):
+    p, cost, options = case
+    _check(p, cost, sim.simulate(p, cost, name, shard=True, workers=4, **options))
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
