@@ -10,7 +10,7 @@ rank's shard reaches every other)::
 DeAR (``policies/dear.py``) runs the reduce-scatters during backward and the all-gathers during
 the next forward, so each half overlaps a different pass; so does the sharded mode, where a rank
 updates only its shard between the halves and the all-gather carries updated parameters
-(ZeRO, FSDP; ``docs/algorithm.md`` §7).  This module gives the simulator those costs
+(ZeRO, FSDP; ``docs/algorithm.md`` §9).  This module gives the simulator those costs
 (``split_cost``, ``link_costs``), the wiring of a policy onto the two halves (``make_halves``)
 and the bound: no schedule of the halves beats
 ``max(compute, T_rs(total) + T_ag(total), per-tensor dependencies)``.

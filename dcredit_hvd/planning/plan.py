@@ -75,7 +75,7 @@ class Plan:
     groups: tuple[int, ...] = ()
     #: The ``group_runs`` limit ``groups`` came from, for logs (0: none).
     group_bytes: int = 0
-    #: Sharded mode only (``docs/algorithm.md`` §7): the all-gathers go in strict forward order
+    #: Sharded mode only (``docs/algorithm.md`` §9): the all-gathers go in strict forward order
     #: (``"forward"``: layer 0's first, what the next forward needs first) or as soon as their
     #: shards are updated (``"ready"``: late layers' during backward, using its idle link).
     gather_order: str = "forward"
