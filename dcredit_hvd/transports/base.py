@@ -7,7 +7,12 @@ is one more module under ``transports/`` with ``accepts(group)`` and ``transport
 (``transports.select`` finds it), and its tests: no other runtime module changes.
 
 A transport is bound to one group of ranks (Horovod: a process set).  Handles are whatever
-``submit`` returns; the scheduler only hands them back to ``poll`` and ``collect``.
+``submit`` (or ``reduce_scatter``/``all_gather``) returns; the scheduler only hands them back to
+``poll`` and ``collect``.
+
+Besides the all-reduce, its two halves (issue 29): ``reduce_scatter`` leaves each rank its shard
+of the reduced vector and ``all_gather`` assembles the shards again; the shards are
+``shards.shard_bounds``' on every transport.
 """
 from __future__ import annotations
 
@@ -61,6 +66,19 @@ class Transport(Protocol):
     def submit(self, tensor: torch.Tensor, name: str, op: Any, prescale: float = 1.0,
                postscale: float = 1.0) -> Handle:
         """Start an in-place all-reduce of ``tensor`` under ``name`` (alike on every rank)."""
+
+    def reduce_scatter(self, flat: torch.Tensor, name: str, op: Any) -> Handle:
+        """Start the first half of an all-reduce: ``flat`` (1-D, alike in length and dtype on
+        every rank) reduced with ``op`` (``average``: the mean over ranks, or ``sum``); its
+        ``collect`` is this rank's shard, ``flat[start:stop]`` of the reduced vector with
+        ``(start, stop) = shards.shard_bounds(flat.numel(), size(), rank())`` (possibly empty).
+        ``flat`` must not change until then.  ``name`` (alike on every rank) need only be unique
+        among the reduce-scatters in flight."""
+
+    def all_gather(self, shard: torch.Tensor, name: str, numel: int) -> Handle:
+        """Start the second half: every rank passes its shard of an ``numel``-element vector
+        (``shards.shard_bounds``' slice, alike in dtype); its ``collect`` is the whole vector,
+        alike on every rank.  ``name`` need only be unique among the all-gathers in flight."""
 
     def poll(self, handle: Handle) -> bool:
         """True once the collective behind ``handle`` has finished (successfully or not)."""

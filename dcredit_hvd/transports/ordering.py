@@ -39,14 +39,22 @@ class Entry:
     name: str
     numel: int
     dtype: str
+    #: Which collective: ``all_reduce`` (``submit``), ``reduce_scatter`` or ``all_gather``.
+    #: Part of the match: one name may be reduce-scattered and all-gathered, each in its turn.
+    kind: str = "all_reduce"
 
     def encode(self) -> str:
-        return f"{self.name}\t{self.numel}\t{self.dtype}"
+        return f"{self.name}\t{self.numel}\t{self.dtype}\t{self.kind}"
 
     @staticmethod
     def decode(line: str) -> Entry:
-        name, numel, dtype = line.rsplit("\t", 2)
-        return Entry(name, int(numel), dtype)
+        name, numel, dtype, kind = line.rsplit("\t", 3)
+        return Entry(name, int(numel), dtype, kind)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """What a follower's submission is matched to rank 0's entry by."""
+        return self.name, self.kind
 
 
 @dataclass
@@ -63,6 +71,10 @@ class Submission:
     def issued(self) -> bool:
         return self.work is not None
 
+
+#: How a mismatch names what rank 0 does with an entry.
+_VERBS = {"all_reduce": "reduces", "reduce_scatter": "reduce-scatters",
+          "all_gather": "all-gathers"}
 
 #: The most entries kept in each rank's issue log (tests compare logs across ranks).
 LOG_ENTRIES = 100_000
@@ -81,7 +93,8 @@ class IssueOrder:
         self._publish = publish
         self.timeout = timeout
         self._lock = threading.Lock()
-        self._waiting: dict[str, collections.deque[Submission]] = {}   # submitted, not issued
+        # submitted, not issued, by ``Entry.key``
+        self._waiting: dict[tuple[str, str], collections.deque[Submission]] = {}
         self._order: collections.deque[tuple[Entry, float]] = collections.deque()  # published
         self._issued = 0
         self._failed: Optional[BaseException] = None
@@ -105,7 +118,7 @@ class IssueOrder:
                     self._publish(sub.entry)
                 self._start(sub)
             else:
-                self._waiting.setdefault(sub.entry.name, collections.deque()).append(sub)
+                self._waiting.setdefault(sub.entry.key, collections.deque()).append(sub)
                 self._drain()
         return sub
 
@@ -138,7 +151,8 @@ class IssueOrder:
             mine = [s.entry.name for subs in self._waiting.values() for s in subs]
             self._fail(OrderMismatchError(
                 f"dcredit_hvd: the ranks' collectives diverged at collective #{self._issued} of "
-                f"this group: rank 0 issued {head.name!r} ({head.numel} {head.dtype}), which "
+                f"this group: rank 0 issued {head.name!r} ({head.kind}, {head.numel} "
+                f"{head.dtype}), which "
                 f"this rank has not submitted in {self.timeout:.0f} s, while this rank submitted "
                 f"{mine[:5]}{'...' if len(mine) > 5 else ''}, which rank 0 has not issued. The "
                 "ranks ran different code: a parameter that gets a gradient on one rank only, "
@@ -149,20 +163,20 @@ class IssueOrder:
         """Issue, in rank 0's order, every next entry this rank has submitted (lock held)."""
         while self._order:
             entry, _ = self._order[0]
-            subs = self._waiting.get(entry.name)
+            subs = self._waiting.get(entry.key)
             if not subs:
                 return
             sub = subs[0]
             if (sub.entry.numel, sub.entry.dtype) != (entry.numel, entry.dtype):
                 self._fail(OrderMismatchError(
                     f"dcredit_hvd: the ranks' collectives diverged at collective #{self._issued} "
-                    f"of this group: rank 0 reduces {entry.name!r} as {entry.numel} "
+                    f"of this group: rank 0 {_VERBS[entry.kind]} {entry.name!r} as {entry.numel} "
                     f"{entry.dtype}, this rank as {sub.entry.numel} {sub.entry.dtype}. The ranks "
                     "built different models or gradients of different shapes under one name."))
                 return
             subs.popleft()
             if not subs:
-                del self._waiting[entry.name]
+                del self._waiting[entry.key]
             self._order.popleft()
             self._start(sub)
 
