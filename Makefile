@@ -18,7 +18,8 @@ PYTEST_MR := $(PY) -m pytest -q -p no:cacheprovider tests/multirank
 # Under horovodrun --gloo, make test keeps what depends on Horovod's Gloo back-end and on
 # horovodrun's process model (tests/README.md says why); make test-full runs all of multirank/.
 GLOO_TESTS := $(addprefix tests/multirank/,test_parity.py test_reliability.py test_agreement.py \
-              test_dropin_swap.py test_horovod_contract.py test_liveness_outsider.py)
+              test_dropin_swap.py test_horovod_contract.py test_liveness_outsider.py \
+              test_sharded.py test_collective_halves.py)
 #: make test's suites, in order; each prints its wall time.
 SUITES      := test-unit test-mpi test-gloo test-torchrun test-frameworks vcluster-report
 SUITES_FULL := test-unit test-mpi test-gloo-full test-torchrun test-frameworks vcluster-report
@@ -70,7 +71,8 @@ test-frameworks:
 test-torchrun:
 	@start=$$(date +%s); timeout -k 10 $(MULTIRANK_TIMEOUT) torchrun --standalone \
 	  --nproc-per-node 2 -m pytest -q -p no:cacheprovider -o faulthandler_timeout=300 \
-	  tests/torchrun; status=$$?; \
+	  tests/torchrun && timeout -k 10 300 torchrun --standalone --nproc-per-node 4 -m pytest -q \
+	  -p no:cacheprovider tests/torchrun/test_sharded.py -k "one_nth or full_form"; status=$$?; \
 	echo "test-torchrun: $$(( $$(date +%s) - start )) s, exit status $$status"; exit $$status
 
 # Beside the instrument check (tests/bench/test_vcluster.py, in test-unit): what a 24 MiB hvd.allreduce

@@ -106,6 +106,11 @@ class SchedulerConfig:
     #: chooses it together with the partition (``planning.GROUP_CANDIDATES``).
     #: ``DCREDIT_GROUP_BYTES``.
     group_bytes: int = 1 << 20
+    #: The sharded mode (``runtime/shards.py``): gradients are reduce-scattered, each rank
+    #: updates and keeps optimizer state for its ``1/N`` of every block, the parameters are
+    #: all-gathered in ``step()``.  Keeps the partition fixed and groups nothing (a slice must
+    #: stay the same range of the same parameter).  ``DCREDIT_SHARD`` (1/0).
+    shard: bool = False
     #: Bytes in flight allowed by ``bytescheduler``.  ``DCREDIT_CREDIT_BYTES``.
     #: ByteScheduler's default, 4M float32 elements.
     credit_bytes: int = 16_000_000
@@ -172,6 +177,7 @@ class SchedulerConfig:
         "partition_bytes": "DCREDIT_PARTITION_BYTES",
         "group_bytes": "DCREDIT_GROUP_BYTES",
         "credit_bytes": "DCREDIT_CREDIT_BYTES",
+        "shard": "DCREDIT_SHARD",
         "poll_seconds": "DCREDIT_POLL_SECONDS",
         "stall_seconds": "DCREDIT_STALL_SECONDS",
         "stall_abort_seconds": "DCREDIT_STALL_ABORT_SECONDS",
@@ -209,7 +215,21 @@ class SchedulerConfig:
         config = cls(**{k: cls._validate(k, v, sources[k]) for k, v in raw.items()})
         config.sources = sources
         config.liveness_settings()                 # the rule between the liveness fields
+        if config.shard:
+            config._fix_units_for_shards()
         return config
+
+    def _fix_units_for_shards(self) -> None:
+        """A slice of the sharded mode is a range of one parameter for the whole run: no
+        grouping, and a partition the planner keeps (``runtime/shards.py``)."""
+        if self.explicit("group_bytes") and self.group_bytes:
+            raise ValueError(f"shard=True sends each parameter on its own, but group_bytes="
+                             f"{self.group_bytes} groups small ones; leave group_bytes unset "
+                             f"(or 0) with shard=True")
+        self.group_bytes = 0
+        for name in ("group_bytes", "partition_bytes"):
+            if not self.explicit(name):
+                self.sources[name] = "fixed by shard"
 
     def liveness_settings(self) -> liveness.Settings:
         return liveness.check(liveness.Settings(
@@ -252,7 +272,7 @@ class SchedulerConfig:
             return str(value)
         if name == "cuda_staging":
             return _parse_switch(value, what)
-        if name == "replan":
+        if name in ("replan", "shard"):
             switch = _parse_switch(value, what)
             if switch is None:
                 raise ValueError(f"{what} must be 1 or 0 (also true/false, yes/no, on/off), "

@@ -26,7 +26,7 @@ import torch
 from . import arguments, transports
 from .config import SchedulerConfig
 from .planning.blocks import TensorLayout
-from .runtime import lifetime
+from .runtime import lifetime, shards
 from .runtime.assembly import Parts, assemble
 from .runtime.device import follow
 from .runtime.instrument import log
@@ -95,6 +95,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         state.scheduler.wait_all()
         follow(state.cuda_stream)          # write-backs were queued on the producer stream
         state.updater.reset()              # the gradients are reduced; step() updates at once
+        if state.sharded is not None:      # shards.py: each slice's gradient is in
+            state.sharded.attach()
         state.synchronized = True
         self._parts.lifecycle.end_iteration()
 
@@ -161,7 +163,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             log.info("step() after synchronize(): parameters are updated at step() for such "
                      "iterations (no overlap with the next forward pass)")
         state.synchronized = False
+        if state.sharded is not None:
+            return state.sharded.step(closure)
         return self._dcredit_base.step(self, closure)
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """shard=True: clip by the norm of every rank's slices (after ``synchronize()``)."""
+        return shards.of(self._state, "clip_grad_norm_").clip_grad_norm_(max_norm, norm_type)
+
+    def full_state_dict(self) -> dict:
+        """shard=True: every rank's state in ``torch.optim``'s form (call on every rank)."""
+        saved = self._dcredit_base.state_dict(self)
+        return shards.of(self._state, "full_state_dict").full_state_dict(saved)
 
     def _can_overlap(self, closure) -> bool:
         state = self._state
@@ -178,7 +191,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def state_dict(self, *args, **kwargs):
         self.apply_pending_updates()
-        return self._dcredit_base.state_dict(self, *args, **kwargs)
+        saved = self._dcredit_base.state_dict(self, *args, **kwargs)
+        sharded = self._state.sharded
+        return saved if sharded is None else sharded.state_dict(saved["param_groups"])
 
     def load_state_dict(self, *args, **kwargs):
         """Restore optimizer state; anything still in flight is drained first, then all
@@ -188,6 +203,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._parts.lifecycle.discard_in_flight()
         self._state.synchronized = False
         self._state.should_synchronize = True
+        if self._state.sharded is not None:
+            args = (self._state.sharded.load_state_dict(args[0]), *args[1:])
         return self._dcredit_base.load_state_dict(self, *args, **kwargs)
 
     # -- what the scheduler did, for the user and the tests ------------------------------------
@@ -253,6 +270,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          policy: Optional[str] = None,
                          partition_bytes: Any = None,
                          group_bytes: Any = None,
+                         shard: Optional[bool] = None,
                          credit_bytes: Any = None,
                          poll_seconds: Optional[float] = None,
                          stall_seconds: Optional[float] = None,
@@ -286,22 +304,11 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     * ``partition_bytes``, ``credit_bytes``: largest block (as sent), bytes in flight.
     * ``group_bytes``: ``dcredit`` sends runs of consecutive gradients smaller than this from
       one flat buffer (0: never); chosen by the planner unless given.
-    * ``poll_seconds``: completion polling interval; ``stall_seconds``,
-      ``stall_abort_seconds``: log, then raise ``StallError`` for, blocks not done by then.
-    * ``profile_warmup``, ``profile_steps``: ``dcredit`` runs this many iterations under
-      ``bytescheduler`` rules, then averages this many into the profile it plans from.
-    * ``profile_out``: ``dcredit`` writes the measured profile and plan to this JSON file.
-    * ``replan``, ``replan_time_threshold``, ``replan_link_threshold``, ``replan_patience``,
-      ``replan_seconds``:
-      ``dcredit`` profiles again and switches every rank to a new plan when the iteration time
-      or the link's speed stays off what they were under the plan (``drift.py``).
-    * ``cuda_staging``: CUDA gradients through pinned host memory and CPU operations (True)
-      or as CUDA tensors (False); default: staged when the library has no GPU operations.
-    * ``race_amplifier``: seconds of random sleeps in the background thread and the
-      overlapped updates, for tests: ordering bugs show (``amplifier.py``).
-    * ``liveness``, ``liveness_interval``, ``liveness_timeout``, ``liveness_exit_seconds``: the
-      heartbeat channel that turns a dead peer into ``PeerLostError`` within seconds
-      (``liveness.py``); read by the first optimizer of a process set.  ``DCREDIT_LIVENESS*``.
+    * ``shard``: reduce-scatter instead of all-reduce; each rank updates, and keeps optimizer
+      state for, its ``1/N`` of every block; ``step()`` all-gathers the parameters
+      (``runtime/shards.py``; ``clip_grad_norm_()``, ``full_state_dict()``).  ``DCREDIT_SHARD``.
+    * the rest (polling, stalls, profiling, re-planning, CUDA staging, the race amplifier, the
+      liveness channel) are ``SchedulerConfig``'s fields of the same names.
     """
     given = locals()      # the keyword extras are SchedulerConfig's fields, by name
     config = SchedulerConfig.resolve(**{name: given[name] for name in SchedulerConfig.ENV

@@ -17,28 +17,32 @@ import numpy as np
 BASELINES = ("horovod", "ddp")
 #: Policy-name suffixes: without ``model=`` (step() waits for every gradient), and on the
 #: ``torch.distributed`` transport (the Gloo group of the ``ddp`` row) instead of Horovod.
-SYNC, TORCH_DISTRIBUTED = "-sync", "-td"
+SYNC, TORCH_DISTRIBUTED, SHARD = "-sync", "-td", "-shard"
 
 
 @dataclass(frozen=True)
 class PolicyName:
-    """What a ``--policy`` entry asks for: ``<base>[-sync][-td]`` (suffixes in either order)."""
+    """What a ``--policy`` entry asks for: ``<base>[-sync][-td][-shard]`` (suffixes in any
+    order; ``-shard``: ``shard=True``, whose all-gathers run in ``step()``, so no ``model=``)."""
 
     name: str
     base: str
     overlap: bool             # model= given: the next forward overlaps the all-reduces
     transport: Optional[str]  # None: Horovod; "torch.distributed" for the -td rows
+    shard: bool = False       # shard=True (-shard)
 
     @classmethod
     def parse(cls, name: str) -> PolicyName:
-        base, overlap, transport = name, True, None
+        base, overlap, transport, shard = name, True, None, False
         while True:
-            if base.endswith(SYNC):
+            if base.endswith(SHARD):
+                base, overlap, shard = base.removesuffix(SHARD), False, True
+            elif base.endswith(SYNC):
                 base, overlap = base.removesuffix(SYNC), False
             elif base.endswith(TORCH_DISTRIBUTED):
                 base, transport = base.removesuffix(TORCH_DISTRIBUTED), "torch.distributed"
             else:
-                return cls(name, base, overlap, transport)
+                return cls(name, base, overlap, transport, shard)
 
     @property
     def baseline(self) -> bool:
@@ -132,6 +136,8 @@ def simulated_row(profile: Any, cost: Any, policy: PolicyName, kept: Any,
                               "fusion_bytes": 128 << 20}
     if policy.transport is not None:
         kwargs.update(cycle_s=0.0, fusion_bytes=0)
+    if policy.shard:                     # its all-gathers run in step() (overlap_forward False)
+        kwargs.update(shard=True, workers=kept.workers)
     rule: Any = policy.base
     if policy.base in ("wfbp", "bytescheduler"):
         config = kept.scheduler_config
@@ -242,6 +248,11 @@ def print_table(results: dict[str, Any]) -> None:
         print(f"  both add {simulated['untracked_compute_s'] * 1e3:.1f} ms of compute the profile's "
               "layers miss (compute only minus the profile: work outside them, such as a tied head "
               "and the loss)")
+    memory = {name: r["optimizer_state_bytes"] for name, r in policies.items()
+              if r.get("optimizer_state_bytes") is not None}
+    if memory:
+        print("optimizer state per rank (SGD momentum, 4 bytes per parameter; sharded: its "
+              "slices): " + ", ".join(f"{name} {b / 2**20:.2f} MiB" for name, b in memory.items()))
     note = results.get("energy")
     if note is None:
         print("energy J/iter: n/a on --device cpu (GPU energy only, with --device cuda)")

@@ -171,7 +171,7 @@ class Launch:
     # -- the workload ---------------------------------------------------------------------------
     def _synthetic_batch(self) -> Callable[[Any], Any]:
         """The launch's one batch (images or tokens, seed 0) and the loss of a model on it."""
-        from dcredit_hvd.bench.sidebyside import hfmodels, zoo
+        from dcredit_hvd.bench import hfmodels, zoo
 
         torch, args = self.torch, self.args
         F = torch.nn.functional
@@ -197,7 +197,7 @@ class Launch:
 
     def fresh_model(self, on_device: bool = True) -> Any:
         """The model at its initial weights (seed 42), the same for every policy."""
-        from dcredit_hvd.bench.sidebyside import hfmodels, zoo
+        from dcredit_hvd.bench import hfmodels, zoo
 
         self.torch.manual_seed(42)
         args = self.args
@@ -317,7 +317,7 @@ class Launch:
             opt, named_parameters=model.named_parameters(), compression=self.compression,
             model=model if policy.overlap else None, policy=policy.base,
             transport=policy.transport, partition_bytes=args.partition_bytes,
-            credit_bytes=args.credit_bytes)
+            credit_bytes=args.credit_bytes, shard=policy.shard or None)
 
     def training_step(self, name: str, optimizers: dict[str, Any]
                       ) -> Callable[[], Callable[[], None]]:
@@ -375,6 +375,8 @@ class Launch:
             for policy in args.policies:
                 pool(results["policies"], policy,
                      self.timed_run(policy, self.training_step(policy, optimizers)), batch)
+                results["policies"][policy]["optimizer_state_bytes"] = state_bytes(
+                    optimizers[policy])
                 optimizers[policy] = kept_of(optimizers.pop(policy))
                 gc.collect()
         return optimizers
@@ -406,7 +408,9 @@ def kept_of(opt: Any) -> types.SimpleNamespace:
         opt.apply_pending_updates()
     return types.SimpleNamespace(scheduler_config=getattr(opt, "scheduler_config", None),
                                  plan=getattr(opt, "plan", None),
-                                 measured=getattr(opt, "measured", None))
+                                 measured=getattr(opt, "measured", None),
+                                 workers=getattr(getattr(opt, "_state", None), "transport",
+                                                 None) and opt._state.transport.size())
 
 
 def cuda_unavailable_reason(torch: Any) -> str | None:
@@ -517,3 +521,12 @@ def init_gloo_process_group(hvd: Any) -> None:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def state_bytes(opt: Any) -> int:
+    """Bytes of tensors in ``opt``'s state on this rank; with ``shard=True``, its slices'."""
+    sharded = getattr(getattr(opt, "_state", None), "sharded", None)
+    if sharded is not None:
+        return sharded.state_bytes()
+    return sum(v.numel() * v.element_size() for s in getattr(opt, "state", {}).values()
+               for v in s.values() if hasattr(v, "numel"))

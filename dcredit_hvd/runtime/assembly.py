@@ -12,7 +12,7 @@ from typing import Any, Optional
 import torch
 
 from ..planning.drift import DriftDetector
-from . import checks, instances, lifetime, timeline
+from . import checks, instances, lifetime, shards, timeline
 from .amplifier import RaceAmplifier
 from .gradients import GradientPath
 from .instrument import Instrumentation, log, setup_logging
@@ -54,6 +54,9 @@ def assemble(opt: torch.optim.Optimizer, base: type, state: OptimizerState,
     """Everything an enabled optimizer needs; collective over the transport's group (unless
     elastic)."""
     config, transport = state.config, state.transport
+    if config.shard:
+        shards.check_optimizer(base)
+        shards.check_arguments(state, model)
     lifetime.take_over(state, stacklevel=4)
     # Every collective this optimizer issues is named under its own prefix (instances.py).
     state.initial = initial_order(state)
@@ -99,6 +102,8 @@ def assemble(opt: torch.optim.Optimizer, base: type, state: OptimizerState,
     state.timeline = state.scheduler.timeline
     state.updater = ParameterUpdater(opt, base, state.scheduler.check, guard=state.guard,
                                      jitter=state.amplify)
+    if config.shard:
+        state.sharded = shards.ShardedUpdate(opt, base, state)
     parts = Parts(instrument, lifecycle, overlap, gradients)
     _register_hooks(state, parts, model)
     instances.register(opt, state.prefix, state.requires_update)

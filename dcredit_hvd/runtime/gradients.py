@@ -104,6 +104,10 @@ class GradientPath:
         left = [len(layout.blocks)]            # blocks of the unit not yet reduced
         unit_done = self._unit_done(layout, members)
         items = []
+        if state.sharded is not None:          # a slice per block, kept by shards.py
+            (p, _), keep = members[0], state.sharded.block_reduced
+            return [Item(b.key, 0, b, flat[b.start:b.stop],
+                         lambda out, start=b.start: keep(p, start, out)) for b in layout.blocks]
         for block in layout.blocks:
             view = flat[block.start:block.stop]
             payload, ctx = state.compression.compress(view)
@@ -160,6 +164,8 @@ class GradientPath:
             prescale = postscale = 1.0
         with (nullcontext(item.payload) if item.context is None
               else CudaTransfer.submitting(item.context)) as tensor:
+            if state.sharded is not None:       # shards.py: this rank keeps its slice only
+                return state.transport.reduce_scatter(tensor, item.block.name, state.op)
             return state.transport.submit(tensor, item.block.name, state.op, prescale, postscale)
 
     # -- completion thread -------------------------------------------------------------------

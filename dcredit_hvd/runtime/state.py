@@ -101,6 +101,7 @@ class OptimizerState:
     guard: Optional[ReadGuard] = None      # model= only
     scheduler: Optional[BlockScheduler] = None
     updater: Optional[ParameterUpdater] = None
+    sharded: Any = None                    # shard=True: shards.ShardedUpdate
     timeline: Optional[Timeline] = None
     hooks: Hooks = field(default_factory=Hooks)
     closed: Optional[str] = None           # why it was closed (close(), or a newer optimizer)

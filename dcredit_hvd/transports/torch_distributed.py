@@ -17,6 +17,23 @@ Rank 0's order reaches the followers over ``sidechannel.Star`` (one TCP connecti
 
 Averaging is DDP's: the sum divided by the group's size (Gloo has no average op).  Public
 ``torch.distributed`` API only.
+
+The two halves of an all-reduce (``reduce_scatter``, ``all_gather``) are collectives on the same
+``wire`` group and go through the same issue order as ``submit``'s all-reduces: each is one more
+entry of rank 0's published sequence (its ``Entry.kind`` says which collective), so a follower
+issues it when rank 0 did, whatever order this rank submitted in, and a rank that reduce-scatters
+where rank 0 all-gathers, or with another length or dtype, gets ``OrderMismatchError`` as a
+diverging all-reduce does.
+
+On NCCL the halves are ``reduce_scatter_single`` and ``all_gather_single`` (formerly
+``reduce_scatter_tensor``/``all_gather_into_tensor``).  On Gloo the all-gather is too, but the
+reduce-scatter is an all-reduce of a zero-padded copy, of which each rank keeps its slice: that
+is what torch's own Gloo reduce-scatter does (``ProcessGroupGloo::reduce_scatter_tensor_coalesced``,
+pytorch #118911, an all-reduce of a clone and a copy of the rank's chunk), and its work cannot be
+polled: it is a ``LambdaWork`` whose ``is_completed()`` stays False until ``wait()`` is called
+(measured on torch 2.13), so the scheduler's ``poll`` would never see it finish.  Either way a
+Gloo reduce-scatter moves an all-reduce's bytes: on Gloo the halves are a check of correctness
+and order, never of bandwidth.  Gloo takes float32, float64, float16 and bfloat16 for both.
 """
 from __future__ import annotations
 
@@ -35,6 +52,7 @@ from ..liveness import handshake, interfaces
 from ..liveness import heartbeat as liveness
 from ..runtime.scheduler import PeerLostError
 from .ordering import Entry, IssueOrder, OrderMismatchError, Submission
+from .shards import check_shard, chunk, flat_length, shard_bounds
 from .sidechannel import Star
 
 #: The reduction ops users pass as ``op`` (``None`` is the average, as in DDP).
@@ -48,6 +66,10 @@ FAILURE = getattr(dist, "DistError", RuntimeError)
 SIDE_TIMEOUT = timedelta(minutes=30)
 #: ``DCREDIT_ORDER_TIMEOUT``: seconds of divergence evidence before ``OrderMismatchError``.
 ORDER_TIMEOUT_ENV = "DCREDIT_ORDER_TIMEOUT"
+#: The halves' single-tensor collectives: torch 2.13 renamed ``reduce_scatter_tensor`` and
+#: ``all_gather_into_tensor`` (the old names warn), older torch has the old names only.
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 class NoCompression:
@@ -159,7 +181,16 @@ class Channel:
         return out
 
     def _issue(self, sub: Submission) -> Any:
-        """Start one all-reduce on the gradients' group (the order's lock is held)."""
+        """Start one collective on the gradients' group (the order's lock is held)."""
+        if sub.entry.kind == "reduce_scatter" and self.nccl:
+            return _REDUCE_SCATTER(sub.payload["out"], sub.payload["wire"], op=dist.ReduceOp.SUM,
+                                   group=self.wire, async_op=True)
+        if sub.entry.kind == "reduce_scatter":    # Gloo: the module's docstring says why
+            return dist.all_reduce(sub.payload["wire"], op=dist.ReduceOp.SUM, group=self.wire,
+                                   async_op=True)
+        if sub.entry.kind == "all_gather":
+            return _ALL_GATHER(sub.payload["out"], sub.payload["wire"], group=self.wire,
+                               async_op=True)
         tensor, op, prescale = sub.payload["wire"], sub.payload["op"], sub.payload["prescale"]
         if prescale != 1.0:
             tensor.mul_(prescale)
@@ -253,19 +284,72 @@ class TorchTransport:
     def submit(self, tensor: torch.Tensor, name: str, op: Any, prescale: float = 1.0,
                postscale: float = 1.0) -> Submission:
         check_op(op)
-        if "\n" in name or "\t" in name:
-            raise ValueError(f"dcredit_hvd: collective name {name!r} holds a tab or newline")
-        wire = tensor
-        if self.channel.nccl and not tensor.is_cuda:       # set-up collectives' host tensors
-            wire = tensor.to(torch.device("cuda", torch.cuda.current_device()))
-        elif not self.channel.nccl and tensor.is_cuda:
-            raise ValueError("dcredit_hvd: a CUDA tensor on a Gloo group: stage it on the host "
-                             "(cuda_staging=True) or use an NCCL group")
+        _check_name(name)
+        wire = self._device(tensor)         # set-up collectives' host tensors go to CUDA on NCCL
         scale = postscale / self.size() if op == AVERAGE else postscale
-        sub = Submission(Entry(name, tensor.numel(), str(tensor.dtype).replace("torch.", "")),
+        sub = Submission(Entry(name, tensor.numel(), _dtype(tensor)),
                          {"wire": wire, "op": op, "prescale": prescale, "scale": scale,
                           "out": tensor})
         return self.channel.order.submit(sub)
+
+    def reduce_scatter(self, flat: torch.Tensor, name: str, op: Any) -> Submission:
+        """This rank's shard of ``flat`` reduced over the group (``base.Transport``), once
+        collected: a reduce-scatter of ``flat`` zero-padded to a multiple of the group's size,
+        the padding stripped.  ``AVERAGE`` is the sum divided by the size, as ``submit``'s.
+
+        Issued in rank 0's order like ``submit`` (this module's docstring); on Gloo it is an
+        all-reduce of a copy, of which this rank keeps its slice (the docstring says why)."""
+        check_op(op)
+        _check_name(name)
+        numel, size, me = flat_length(flat.shape, "reduce_scatter"), self.size(), self.rank()
+        start, stop = shard_bounds(numel, size, me)
+        width = chunk(numel, size)
+        if self.channel.nccl:
+            wire = self._padded(flat, width * size)
+            out, offset = wire.new_empty(width), 0
+        else:       # all-reduced in place: never the caller's tensor
+            wire = self._padded(flat, width * size, copy=True)
+            out, offset = wire, me * width
+        sub = Submission(Entry(name, numel, _dtype(flat), "reduce_scatter"),
+                         {"wire": wire, "out": out, "offset": offset, "keep": stop - start,
+                          "scale": 1.0 / size if op == AVERAGE else 1.0, "device": flat.device,
+                          # the shard is copied out of Gloo's whole vector, which is freed
+                          "copy": not self.channel.nccl})
+        return self.channel.order.submit(sub)
+
+    def all_gather(self, shard: torch.Tensor, name: str, numel: int) -> Submission:
+        """The whole ``numel``-element vector from every rank's shard (``base.Transport``),
+        once collected: an all-gather of the shards, each zero-padded to one chunk, the padding
+        stripped.  Issued in rank 0's order like ``submit``."""
+        _check_name(name)
+        size = self.size()
+        check_shard(flat_length(shard.shape, "all_gather"), numel, size, self.rank(), name)
+        wire = self._padded(shard, chunk(numel, size))
+        sub = Submission(Entry(name, numel, _dtype(shard), "all_gather"),
+                         {"wire": wire, "out": wire.new_empty(chunk(numel, size) * size),
+                          "offset": 0, "keep": numel, "scale": 1.0, "device": shard.device,
+                          "copy": False})
+        return self.channel.order.submit(sub)
+
+    def _device(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` where the wire group reduces: CUDA for NCCL, the host for Gloo."""
+        if self.channel.nccl and not tensor.is_cuda:
+            return tensor.to(torch.device("cuda", torch.cuda.current_device()))
+        if not self.channel.nccl and tensor.is_cuda:
+            raise ValueError("dcredit_hvd: a CUDA tensor on a Gloo group: stage it on the host "
+                             "(cuda_staging=True) or use an NCCL group")
+        return tensor
+
+    def _padded(self, flat: torch.Tensor, length: int, copy: bool = False) -> torch.Tensor:
+        """``flat`` on the wire's device, zero-padded to ``length`` elements (``flat`` itself
+        when nothing is to be added and no ``copy`` is asked for: the caller keeps it unchanged
+        until it is collected)."""
+        wire = self._device(flat)
+        if wire.numel() == length and wire.is_contiguous() and not (copy and wire is flat):
+            return wire
+        out = wire.new_zeros(length)
+        out[:wire.numel()] = wire
+        return out
 
     def poll(self, handle: Submission) -> bool:
         if handle.error is not None:
@@ -283,8 +367,13 @@ class TorchTransport:
         except FAILURE:
             raise
         except RuntimeError as exc:   # Gloo's "Connection reset by peer" is a plain one
-            raise FAILURE(f"dcredit_hvd: the all-reduce {handle.entry.name!r} failed: "
-                          f"{exc}") from exc
+            if handle.entry.kind == "all_reduce":
+                raise FAILURE(f"dcredit_hvd: the all-reduce {handle.entry.name!r} failed: "
+                              f"{exc}") from exc
+            raise FAILURE(f"dcredit_hvd: the half of an all-reduce {handle.entry.name!r} "
+                          f"({handle.entry.kind}) failed: {exc}") from exc
+        if handle.entry.kind != "all_reduce":
+            return _half(handle)
         wire, out, scale = handle.payload["wire"], handle.payload["out"], handle.payload["scale"]
         if scale != 1.0:
             wire.mul_(scale)
@@ -328,6 +417,27 @@ class TorchTransport:
             peers.start(self.allgather_object(peers.address(), "dcredit.liveness"))
             _peers[key] = peers
         return _peers[key]
+
+
+def _half(handle: Submission) -> torch.Tensor:
+    """A finished reduce-scatter's or all-gather's result: the padding stripped, the mean's
+    division applied, on the caller's device."""
+    payload, handle.payload = handle.payload, None
+    out = payload["out"][payload["offset"]:payload["offset"] + payload["keep"]]
+    if payload["copy"]:
+        out = out.clone()
+    if payload["scale"] != 1.0:
+        out.mul_(payload["scale"])
+    return out.to(payload["device"])
+
+
+def _check_name(name: str) -> None:
+    if "\n" in name or "\t" in name:
+        raise ValueError(f"dcredit_hvd: collective name {name!r} holds a tab or newline")
+
+
+def _dtype(tensor: torch.Tensor) -> str:
+    return str(tensor.dtype).replace("torch.", "")
 
 
 def local_step_module() -> str:

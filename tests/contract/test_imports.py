@@ -201,3 +201,39 @@ def test_every_module_stays_within_the_size_targets(module):
 def test_the_transports_package_lists_horovod_first():
     transports = importlib.import_module("dcredit_hvd.transports")
     assert transports.names()[0] == "horovod"
+
+
+def _imported_names(path: pathlib.Path, module: str | None) -> list[tuple[int, str, str]]:
+    """``(line, module, name)`` of every ``from dcredit_hvd... import name`` in ``path``, at any
+    depth (imports inside functions run only when the function does)."""
+    package = module if path.name == "__init__.py" else (module or "").rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.level:
+            base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+            target = f"{base}.{node.module}" if node.module else base
+        else:
+            target = node.module or ""
+        if target.split(".")[0] == "dcredit_hvd":
+            found.extend((node.lineno, target, alias.name) for alias in node.names)
+    return found
+
+
+def test_every_import_of_the_package_names_something_that_exists():
+    """A moved module leaves no import behind that fails only when its function runs (the
+    side-by-side bench's model zoo import did, after the 0.2 layout)."""
+    repo = ROOT.parent
+    sources = [(p, m) for m, p in _modules().items()]
+    sources += [(p, None) for folder in ("scripts", "examples") for p in (repo / folder).glob("*.py")]
+    broken = []
+    for path, module in sources:
+        for line, target, name in _imported_names(path, module):
+            try:
+                loaded = importlib.import_module(target)
+                if not hasattr(loaded, name):
+                    importlib.import_module(f"{target}.{name}")
+            except ImportError as exc:
+                broken.append(f"{path.relative_to(repo)}:{line}: from {target} import {name} ({exc})")
+    assert not broken, "\n".join(broken)

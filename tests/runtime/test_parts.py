@@ -53,6 +53,12 @@ class FakeTransport:
         self.results[len(self.sent)] = tensor
         return len(self.sent)
 
+    def reduce_scatter(self, flat, name, op):      # one rank: its shard is everything
+        return self.submit(flat.clone(), name, op)
+
+    def all_gather(self, shard, name, numel):
+        return self.submit(shard.clone(), name, None)
+
     def poll(self, handle): return True
     def collect(self, handle): return self.results.pop(handle)
     def wait(self, handle, poll_seconds=0.0002): return self.collect(handle)
@@ -104,9 +110,12 @@ class _Parts:
 
 # -- transport ---------------------------------------------------------------------------------
 def test_the_fake_and_horovod_transports_satisfy_the_protocol():
-    from dcredit_hvd.transports import horovod
+    from dcredit_hvd.transports import horovod, torch_distributed
     assert isinstance(FakeTransport(), Transport)
     assert isinstance(horovod.HorovodTransport(horovod.GLOBAL_PROCESS_SET), Transport)
+    # the torch.distributed transport's methods, without a process group to build one over
+    assert all(callable(getattr(torch_distributed.TorchTransport, name, None))
+               for name in ("reduce_scatter", "all_gather", "submit", "poll", "collect"))
 
 
 def test_the_horovod_transport_looks_its_functions_up_at_each_call(monkeypatch):

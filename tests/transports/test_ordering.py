@@ -66,6 +66,36 @@ def test_a_name_submitted_twice_is_matched_oldest_first() -> None:
     assert second.issued and started == ["ctl", "ctl"]
 
 
+def test_the_kind_of_collective_round_trips_and_defaults_to_the_all_reduce() -> None:
+    assert entry("a").kind == "all_reduce"
+    for kind in ("reduce_scatter", "all_gather"):
+        original = Entry("a\tb", 1001, "float16", kind)
+        assert Entry.decode(original.encode()) == original
+
+
+def test_one_name_reduce_scattered_and_all_gathered_follows_rank_0_kind_by_kind() -> None:
+    """A bucket's two halves may share its name: the follower matches name and kind, so its
+    all-gather submitted first waits for rank 0's, behind the reduce-scatter rank 0 issued."""
+    started: list[tuple[str, str]] = []
+    order = IssueOrder(False, lambda s: started.append(s.entry.key) or True)
+    gather = order.submit(Submission(Entry("bucket", 10, "float32", "all_gather")))
+    order.follow([Entry("bucket", 10, "float32", "reduce_scatter")])
+    assert started == [] and not gather.issued
+    scatter = order.submit(Submission(Entry("bucket", 10, "float32", "reduce_scatter")))
+    assert scatter.issued and not gather.issued
+    order.follow([Entry("bucket", 10, "float32", "all_gather")])
+    assert gather.issued
+    assert started == [("bucket", "reduce_scatter"), ("bucket", "all_gather")]
+
+
+def test_a_different_length_of_a_half_raises_naming_the_half() -> None:
+    order = IssueOrder(False, lambda s: True)
+    sub = order.submit(Submission(Entry("bucket", 10, "float32", "reduce_scatter")))
+    order.follow([Entry("bucket", 11, "float32", "reduce_scatter")])
+    assert isinstance(sub.error, OrderMismatchError)
+    assert "rank 0 reduce-scatters 'bucket' as 11 float32, this rank as 10" in str(sub.error)
+
+
 def test_a_different_count_or_dtype_under_one_name_raises_before_issue() -> None:
     for theirs in (entry("w", 8), entry("w", 4, "float16")):
         started, issue = recorder()

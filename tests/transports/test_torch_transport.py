@@ -61,6 +61,23 @@ def test_submit_averages_like_ddp_and_sums_with_horovods_scaling() -> None:
     """)
 
 
+def test_the_halves_on_one_rank_are_the_vector_itself_and_follow_the_order() -> None:
+    run("""
+        from dcredit_hvd.transports.base import Transport
+        from dcredit_hvd.transports.torch_distributed import TorchTransport, AVERAGE, SUM
+        link = TorchTransport()
+        assert isinstance(link, Transport)
+        for n in (0, 1, 5):
+            flat = torch.arange(float(n))
+            shard = link.wait(link.reduce_scatter(flat, f"b{n}", AVERAGE))
+            assert torch.equal(shard, flat) and shard is not flat
+            assert torch.equal(link.wait(link.all_gather(shard, f"b{n}", n)), flat)
+        half = link.wait(link.reduce_scatter(torch.ones(3, dtype=torch.bfloat16), "h", SUM))
+        assert half.dtype == torch.bfloat16 and half.tolist() == [1.0, 1.0, 1.0]
+        assert link.issue_log() == ["b0", "b0", "b1", "b1", "b5", "b5", "h"]
+    """)
+
+
 def test_unsupported_op_and_names_are_refused_with_the_fix() -> None:
     run("""
         from dcredit_hvd.transports.torch_distributed import TorchTransport

@@ -1,0 +1,297 @@
+"""The sharded mode (``shard=True``): each rank updates, and keeps optimizer state for, only its
+``1/N`` of every gradient block.
+
+Each block (a range of one parameter: sharding forbids grouping, ``config.py``) is
+reduce-scattered instead of all-reduced, under the policy's windows like any block; rank ``r``
+receives the mean gradient of its slice ``transports.shards.shard_bounds(block numel, N, r)``
+of the block.  ``step()`` then runs an optimizer of the user's class, with the user's param
+groups' hyper-parameters, over *pieces*: one flat tensor per block slice this rank owns, copied
+from the parameter just before the update.  Its state exists for the pieces alone: Adam's
+8 bytes per parameter become ``8/N`` per rank.  The updated pieces are all-gathered, block by
+block, into the parameters, which end equal on every rank.  ZeRO stage 2 with the
+reduce-scatters under D-Credit's windows (``docs/algorithm.md`` §9); the all-gathers run in
+``step()`` (overlapping them with the next forward is not built yet).
+
+The slices are a pure function of the parameter and the partition, which the sharded mode keeps
+fixed, so a piece is the same range of the same parameter for the whole run, whatever order the
+forward pass reveals.  Only elementwise optimizers are correct on slices (each element's update
+reads that element's gradient and state alone): others are refused.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional
+
+import torch
+
+from ..transports.shards import shard_bounds
+
+if TYPE_CHECKING:
+    from .state import OptimizerState
+
+#: Optimizers whose update of an element reads only that element's gradient and state.
+ELEMENTWISE = ("SGD", "Adam", "AdamW", "Adagrad", "Adamax", "RMSprop", "NAdam", "RAdam", "ASGD")
+
+NOT_ELEMENTWISE = (
+    "shard=True updates each rank's slices of the parameters with the optimizer's own step, "
+    "which is only correct for elementwise optimizers (torch.optim {names}); {cls} is not one. "
+    "Leave shard unset for {cls}."
+)
+SHARD_KEY = "dcredit_shard"
+
+
+@dataclass(eq=False)
+class Piece:
+    """This rank's slice ``[start, stop)`` of one parameter's flat view, and its update copy."""
+
+    param: torch.Tensor
+    index: int                     # the parameter's position in the optimizer's groups
+    start: int
+    stop: int
+    tensor: torch.Tensor           # updated by the inner optimizer, then all-gathered
+
+
+def check_optimizer(cls: type) -> None:
+    """Refuse an optimizer class the sharded mode would update wrongly."""
+    names = {c.__name__ for c in cls.__mro__ if c.__module__.startswith("torch.optim")}
+    if not names & set(ELEMENTWISE):
+        raise ValueError(NOT_ELEMENTWISE.format(names=", ".join(ELEMENTWISE), cls=cls.__name__))
+
+
+def check_arguments(state: OptimizerState, model: Any) -> None:
+    """What the sharded mode cannot do yet, refused with the way out."""
+    refused = [
+        (model is not None, "model= (updates overlapping the next forward; the sharded mode "
+                            "all-gathers the parameters in step()): leave model= out"),
+        (state.elastic, "elastic training (a slice belongs to a rank of a fixed world)"),
+        (getattr(state.compression, "__name__", type(state.compression).__name__)
+         not in ("NoneCompressor", "NoCompression"),
+         "compression (the slices are updated from the uncompressed reduction)"),
+        (state.predivide != 1.0, "gradient_predivide_factor != 1"),
+        (any(p.is_cuda for p in state.requires_update),
+         "CUDA parameters (not verified on a GPU yet)"),
+    ]
+    for bad, what in refused:
+        if bad:
+            raise ValueError(f"shard=True does not support {what}. Leave shard unset for it.")
+
+
+def of(state: OptimizerState, what: str) -> ShardedUpdate:
+    """The sharded mode's machinery, or the error that says ``what`` is for it."""
+    if state.sharded is None:
+        raise RuntimeError(f"{what}() is for shard=True; without it every rank holds the whole "
+                           f"reduced gradient and state: use torch.nn.utils.clip_grad_norm_ "
+                           f"and state_dict()")
+    return state.sharded
+
+
+class ShardedUpdate:
+    """The pieces, their optimizer, and the all-gathers that put the parameters back together."""
+
+    def __init__(self, opt: torch.optim.Optimizer, base: type, state: OptimizerState) -> None:
+        check_optimizer(base)
+        self._opt, self._base, self._state = opt, base, state
+        self.pieces: dict[tuple[int, int], Piece] = {}       # (parameter index, block start)
+        self.reduced: dict[tuple[int, int], torch.Tensor] = {}
+        self.inner: Optional[torch.optim.Optimizer] = None
+        self._pending_inner: Optional[dict] = None            # loaded before the first step
+        self._pending_full: Optional[dict] = None             # the full form, likewise
+        self._position = {p: i for i, p in
+                          enumerate(p for g in opt.param_groups for p in g["params"])}
+
+    # -- completion thread ----------------------------------------------------------------
+    def block_reduced(self, p: torch.Tensor, block_start: int, output: torch.Tensor) -> None:
+        """This rank's reduced slice of the block of ``p`` that starts at ``block_start``."""
+        self.reduced[(self._position[p], block_start)] = output
+
+    # -- training thread --------------------------------------------------------------------
+    def _build(self) -> None:
+        """The pieces of the layouts in force, and the inner optimizer over them (first step)."""
+        state, size, rank = self._state, self._state.transport.size(), self._state.transport.rank()
+        for layout in state.layouts:
+            (p,) = state.members[layout.index]
+            for block in layout.blocks:
+                a, b = shard_bounds(block.numel, size, rank)
+                key = (self._position[p], block.start)
+                if b > a and key not in self.pieces:
+                    flat = p.detach().view(-1)[block.start + a:block.start + b]
+                    self.pieces[key] = Piece(p, key[0], block.start + a, block.start + b,
+                                             flat.clone())
+        groups = []
+        for group in self._opt.param_groups:
+            owned = {self._position[p] for p in group["params"]}
+            groups.append({**{k: v for k, v in group.items() if k != "params"},
+                           "params": [pc.tensor for key, pc in sorted(self.pieces.items())
+                                      if key[0] in owned]})
+        self.inner = self._base(groups)
+        if self._pending_inner is not None:
+            self.inner.load_state_dict(self._pending_inner)
+        elif self._pending_full is not None:
+            self._load_full(self._pending_full)
+        self._pending_inner = self._pending_full = None
+
+    def attach(self) -> None:
+        """After the reduce-scatters (``synchronize()``): each piece's gradient is its slice."""
+        if self.inner is None:
+            self._build()
+        for key, piece in self.pieces.items():
+            output = self.reduced.pop(key, None)
+            if output is None:
+                raise AssertionError(f"dcredit_hvd: no reduced gradient for the slice "
+                                     f"{piece.start}:{piece.stop} of parameter #{key[0]}")
+            piece.tensor.grad = output.view(-1)[:piece.stop - piece.start].to(piece.tensor.dtype)
+
+    def step(self, closure: Any = None) -> Any:
+        """Update this rank's pieces with the user's hyper-parameters, then all-gather them."""
+        if closure is not None:
+            raise ValueError("shard=True: step(closure) is not supported; call the closure "
+                             "(forward and backward) before step()")
+        assert self.inner is not None, "attach() runs in synchronize(), before step()"
+        for mine, group in zip(self.inner.param_groups, self._opt.param_groups):
+            mine.update({k: v for k, v in group.items() if k != "params"})
+        with torch.no_grad():
+            for piece in self.pieces.values():      # the parameter may have been loaded since
+                piece.tensor.copy_(piece.param.detach().view(-1)[piece.start:piece.stop])
+        self.inner.step()
+        self._gather()
+        return None
+
+    def _gather(self) -> None:
+        """Every block's updated slices from every rank, into the parameters."""
+        state = self._state
+        transport, size, rank = state.transport, state.transport.size(), state.transport.rank()
+        pending = []
+        for layout in state.layouts:
+            (p,) = state.members[layout.index]
+            for block in layout.blocks:
+                piece = self.pieces.get((self._position[p], block.start))
+                a, b = shard_bounds(block.numel, size, rank)
+                mine = (piece.tensor.detach() if piece is not None
+                        else p.detach().view(-1)[block.start + a:block.start + b])
+                handle = transport.all_gather(mine.to(p.dtype), f"{block.name}.ag", block.numel)
+                pending.append((p, block, handle))
+        with torch.no_grad():
+            for p, block, handle in pending:
+                full = transport.wait(handle)
+                p.view(-1)[block.start:block.stop].copy_(full.view(-1))
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """``torch.nn.utils.clip_grad_norm_`` over every rank's pieces: the global norm of the
+        reduced gradients (one scalar all-reduce), the same on every rank."""
+        if self.inner is None:
+            raise RuntimeError("shard=True: call optimizer.synchronize() before clip_grad_norm_()")
+        grads = [pc.tensor.grad for pc in self.pieces.values() if pc.tensor.grad is not None]
+        norm_type = float(norm_type)
+        if math.isinf(norm_type):
+            local = max((g.abs().max().double() for g in grads), default=torch.zeros((), dtype=torch.float64))
+            op = "max"
+        else:
+            local = sum((g.double().norm(norm_type) ** norm_type for g in grads),
+                        torch.zeros((), dtype=torch.float64))
+            op = "sum"
+        total = self._reduce_scalar(local.reshape(1), op)
+        norm = total if math.isinf(norm_type) else total ** (1.0 / norm_type)
+        coef = float(max_norm) / (float(norm) + 1e-6)
+        if coef < 1.0:
+            for g in grads:
+                g.mul_(coef)
+        return norm.reshape(())
+
+    def _reduce_scalar(self, value: torch.Tensor, op: str) -> torch.Tensor:
+        transport = self._state.transport
+        if op == "max":
+            values = transport.allgather_object(float(value), f"{self._state.prefix}.clip.max")
+            return torch.tensor(max(values), dtype=torch.float64)
+        handle = transport.submit(value.clone(), f"{self._state.prefix}.clip.norm", transport.sum)
+        return transport.wait(handle).reshape(()).double()
+
+    # -- state ----------------------------------------------------------------------------------
+    def state_bytes(self) -> int:
+        """Bytes of tensors held by the optimizer state of this rank (the pieces' state)."""
+        if self.inner is None:
+            return 0
+        return sum(v.numel() * v.element_size() for s in self.inner.state.values()
+                   for v in s.values() if torch.is_tensor(v))
+
+    def state_dict(self, groups: list) -> dict:
+        """This rank's state: loads on the same rank of a job of the same size."""
+        transport = self._state.transport
+        inner = self.inner.state_dict() if self.inner is not None else self._pending_inner
+        return {"state": {}, "param_groups": groups,
+                SHARD_KEY: {"rank": transport.rank(), "size": transport.size(),
+                            "pieces": sorted((k[0], pc.start, pc.stop)
+                                             for k, pc in self.pieces.items()),
+                            "inner": inner}}
+
+    def load_state_dict(self, loaded: dict) -> dict:
+        """Keep what the pieces need from ``loaded`` (sharded, or the full form); return what
+        the user's optimizer loads (its param groups, no state)."""
+        transport = self._state.transport
+        shard = loaded.get(SHARD_KEY)
+        if shard is None:                           # the full form: each rank keeps its slices
+            if self.inner is not None:
+                self._load_full(loaded)
+            else:
+                self._pending_full = loaded
+            return {"state": {}, "param_groups": loaded["param_groups"]}
+        if (shard["rank"], shard["size"]) != (transport.rank(), transport.size()):
+            raise ValueError(f"shard=True: this state_dict was written by rank {shard['rank']} "
+                             f"of {shard['size']} ranks; load each rank's own file on a job of "
+                             f"{shard['size']} ranks (this is rank {transport.rank()} of "
+                             f"{transport.size()})")
+        if self.inner is not None:
+            self.inner.load_state_dict(shard["inner"])
+        else:
+            self._pending_inner = shard["inner"]
+        return {"state": {}, "param_groups": loaded["param_groups"]}
+
+    # -- the full form: torch.optim's own state_dict, for any rank count or none ---------------
+    def full_state_dict(self, saved: dict) -> dict:
+        """Every rank's slices of the state gathered into ``torch.optim``'s form over the whole
+        parameters (a collective: call it on every rank).  ``saved``: the user's optimizer's
+        own state_dict (its param groups)."""
+        mine = []
+        for pc in self.pieces.values():
+            kept = self.inner.state.get(pc.tensor, {}) if self.inner is not None else {}
+            mine.append((pc.index, pc.start, pc.stop,
+                         {k: v.detach().clone() if torch.is_tensor(v) else v
+                          for k, v in kept.items()}))
+        everyone = self._state.transport.allgather_object(mine, f"{self._state.prefix}.full_state")
+        params = list(self._position)
+        state: dict[int, dict] = {}
+        for index, start, stop, kept in (piece for rank in everyone for piece in rank):
+            entry, p = state.setdefault(index, {}), params[index]
+            for k, v in kept.items():
+                if _per_element(v, stop - start):
+                    entry.setdefault(k, torch.zeros(p.numel(), dtype=v.dtype))[start:stop] = v
+                else:
+                    entry.setdefault(k, v)          # per-parameter values (Adam's step)
+        for index, entry in state.items():
+            for k, v in entry.items():
+                if _per_element(v, params[index].numel()):
+                    entry[k] = v.view(params[index].shape)
+        return {"state": state, "param_groups": saved["param_groups"]}
+
+    def _load_full(self, full: dict) -> None:
+        """This rank's slices of a full state (``full_state_dict``, or an unsharded run's)."""
+        assert self.inner is not None
+        by_tensor = {pc.tensor: pc for pc in self.pieces.values()}
+        loaded = self.inner.state_dict()
+        state = {}
+        tensors = [t for group in self.inner.param_groups for t in group["params"]]
+        for i, t in enumerate(tensors):
+            pc = by_tensor[t]
+            src = full["state"].get(pc.index, full["state"].get(str(pc.index)))
+            if src:
+                state[i] = {k: v.reshape(-1)[pc.start:pc.stop].clone()
+                            if _per_element(v, pc.param.numel(), flat=False) else v
+                            for k, v in src.items()}
+        loaded["state"] = state
+        self.inner.load_state_dict(loaded)
+
+
+def _per_element(value: Any, numel: int, flat: bool = True) -> bool:
+    """Whether a state value holds one entry per element (a moment), not per parameter."""
+    return (torch.is_tensor(value) and value.dim() > 0 and value.numel() == numel
+            and (value.dim() == 1 or not flat))

@@ -1,0 +1,158 @@
+"""The sharded mode (``shard=True``) under Horovod: the weights after k steps match plain
+``hvd.DistributedOptimizer``'s, the optimizer state per rank is about ``1/N`` of it, clipping
+uses the global norm, and a sharded checkpoint resumes as if the run never stopped.
+
+Run on every rank under ``mpirun -np 2`` and ``horovodrun -np 2 --gloo`` (``make test``).
+"""
+from __future__ import annotations
+
+import horovod.torch as hvd
+import pytest
+import torch
+import torch.nn.functional as F
+from small_models import POLICIES, PROFILE
+
+import dcredit_hvd
+
+from conftest import assert_all_ranks
+from models import batches, make_model, max_rel_diff, params_close, train
+
+#: Blocks of 500 bytes (125 float32): 125 is odd, so every block of a tensor is split unevenly
+#: between 2 ranks, and the 10-element biases are smaller than one block.
+UNEVEN = dict(partition_bytes=500, credit_bytes=2048)
+SHARDABLE = {
+    "sgd_momentum": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, weight_decay=1e-4),
+    "adam": lambda ps: torch.optim.Adam(ps, lr=0.01),
+    "adamw": lambda ps: torch.optim.AdamW(ps, lr=0.01, weight_decay=0.1),
+}
+
+
+def reference(make_opt, steps=5, **kwargs):
+    model = make_model()
+    opt = hvd.DistributedOptimizer(make_opt(model.parameters()),
+                                   named_parameters=model.named_parameters(), **kwargs)
+    return train(model, opt, steps), opt
+
+
+def sharded(make_opt, steps=5, policy="bytescheduler", **kwargs):
+    model = make_model()
+    opt = dcredit_hvd.DistributedOptimizer(make_opt(model.parameters()),
+                                           named_parameters=model.named_parameters(),
+                                           shard=True, policy=policy, **UNEVEN,
+                                           **(PROFILE if policy == "dcredit" else {}), **kwargs)
+    return train(model, opt, steps), opt, model
+
+
+def state_bytes(opt) -> int:
+    return sum(v.numel() * v.element_size() for s in opt.state.values() for v in s.values()
+               if torch.is_tensor(v))
+
+
+@pytest.mark.parametrize("opt_name", sorted(SHARDABLE))
+@pytest.mark.parametrize("policy", POLICIES)
+def test_sharded_weights_match_plain_horovod(policy, opt_name):
+    expected, _ = reference(SHARDABLE[opt_name])
+    got, opt, _ = sharded(SHARDABLE[opt_name], policy=policy)
+    assert_all_ranks(params_close(got, expected),
+                     f"{policy}/{opt_name}: max relative difference {max_rel_diff(got, expected)}")
+
+
+def test_sharded_optimizer_state_is_about_one_nth_per_rank():
+    _, plain = reference(SHARDABLE["adam"])
+    _, opt, _ = sharded(SHARDABLE["adam"])
+    full, mine = state_bytes(plain), opt._state.sharded.state_bytes()
+    share = mine / full
+    everyone = hvd.allgather_object(mine)
+    assert_all_ranks(state_bytes(opt) == 0, "the full optimizer state exists on a sharded rank")
+    assert_all_ranks(abs(share - 1 / hvd.size()) < 0.1,
+                     f"rank {hvd.rank()} holds {mine} of {full} bytes ({share:.3f})")
+    # Every step counter is a one-element tensor per slice: the slices add up to the whole.
+    steps = sum(s["step"].numel() * 4 for s in opt._state.sharded.inner.state.values())
+    assert_all_ranks(abs(sum(everyone) - full) <= steps * hvd.size(), f"{everyone} vs {full}")
+
+
+def test_sharded_clipping_uses_the_global_norm():
+    def clip_reference(opt):
+        opt.synchronize()
+        torch.nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]], 0.05)
+        with opt.skip_synchronize():
+            opt.step()
+
+    def clip_sharded(opt):
+        opt.synchronize()
+        opt.clip_grad_norm_(0.05)
+        with opt.skip_synchronize():
+            opt.step()
+
+    model = make_model()
+    opt = hvd.DistributedOptimizer(SHARDABLE["sgd_momentum"](model.parameters()),
+                                   named_parameters=model.named_parameters())
+    expected = train(model, opt, 4, before_step=clip_reference)
+    model = make_model()
+    opt = dcredit_hvd.DistributedOptimizer(SHARDABLE["sgd_momentum"](model.parameters()),
+                                           named_parameters=model.named_parameters(),
+                                           shard=True, policy="bytescheduler", **UNEVEN)
+    got = train(model, opt, 4, before_step=clip_sharded)
+    assert_all_ranks(params_close(got, expected), f"max rel diff {max_rel_diff(got, expected)}")
+
+
+def test_sharded_checkpoint_resumes_like_a_run_that_never_stopped():
+    expected, _, _ = sharded(SHARDABLE["adam"], steps=6)
+    # Three steps, save (each rank its own state), a new model and optimizer, load, three more.
+    model = make_model()
+    opt = dcredit_hvd.DistributedOptimizer(SHARDABLE["adam"](model.parameters()),
+                                           named_parameters=model.named_parameters(),
+                                           shard=True, policy="bytescheduler", **UNEVEN)
+    data = batches(6)
+    for micro in data[:3]:
+        opt.zero_grad()
+        for x, y in micro:
+            F.cross_entropy(model(x), y).backward()
+        opt.step()
+    saved_model = {k: v.clone() for k, v in model.state_dict().items()}
+    saved_opt = opt.state_dict()
+    opt.close()
+    model = make_model(seed=99)
+    model.load_state_dict(saved_model)
+    opt = dcredit_hvd.DistributedOptimizer(SHARDABLE["adam"](model.parameters()),
+                                           named_parameters=model.named_parameters(),
+                                           shard=True, policy="bytescheduler", **UNEVEN)
+    opt.load_state_dict(saved_opt)
+    for micro in data[3:]:
+        opt.zero_grad()
+        for x, y in micro:
+            F.cross_entropy(model(x), y).backward()
+        opt.step()
+    got = [v.detach().clone() for v in model.state_dict().values()]
+    assert_all_ranks(params_close(got, expected), f"max rel diff {max_rel_diff(got, expected)}")
+
+
+def test_a_sharded_checkpoint_refuses_another_rank():
+    _, opt, _ = sharded(SHARDABLE["adam"], steps=2)
+    saved = opt.state_dict()
+    saved["dcredit_shard"]["rank"] = (saved["dcredit_shard"]["rank"] + 1) % hvd.size()
+    with pytest.raises(ValueError, match="written by rank"):
+        opt.load_state_dict(saved)
+
+
+@pytest.mark.parametrize("make_opt, why", [
+    (lambda ps: torch.optim.LBFGS(ps), "elementwise"),
+    (lambda ps: torch.optim.Rprop(ps), "elementwise"),
+])
+def test_sharding_refuses_an_optimizer_it_would_update_wrongly(make_opt, why):
+    model = make_model()
+    with pytest.raises(ValueError, match=why):
+        dcredit_hvd.DistributedOptimizer(make_opt(model.parameters()),
+                                         named_parameters=model.named_parameters(), shard=True)
+
+
+def test_sharding_refuses_model_overlap_and_compression():
+    model = make_model()
+    with pytest.raises(ValueError, match="model="):
+        dcredit_hvd.DistributedOptimizer(SHARDABLE["adam"](model.parameters()),
+                                         named_parameters=model.named_parameters(), shard=True,
+                                         model=model)
+    with pytest.raises(ValueError, match="compression"):
+        dcredit_hvd.DistributedOptimizer(SHARDABLE["adam"](model.parameters()),
+                                         named_parameters=model.named_parameters(), shard=True,
+                                         compression=hvd.Compression.fp16)

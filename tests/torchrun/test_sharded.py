@@ -1,0 +1,148 @@
+"""The sharded mode (``shard=True``) on torch.distributed: the weights after k steps match
+DDP's (plus the same local optimizer) and the unsharded mode's, on the plain net and the tied
+one (an embedding read twice, a bare root parameter), with accumulation and global-norm
+clipping; the optimizer state per rank is about ``1/N``."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from small_models import POLICIES, PROFILE, batches, make_model, max_rel_diff, params_close
+from test_ddp_parity import NETS, ours, reference
+
+import dcredit_hvd
+
+from conftest import assert_all_ranks, rank, same_on_every_rank, size
+
+UNEVEN = dict(partition_bytes=500, credit_bytes=2048)   # 125 float32: odd, split unevenly
+SHARDABLE = {
+    "sgd_momentum": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, weight_decay=1e-4),
+    "adam": lambda ps: torch.optim.Adam(ps, lr=0.01),
+    "adamw": lambda ps: torch.optim.AdamW(ps, lr=0.01, weight_decay=0.1),
+}
+
+
+def _sharded(net: str, make_opt: Any, policy: str = "bytescheduler", **kwargs: Any):
+    return ours(net, make_opt, with_model=False, shard=True, policy=policy, **UNEVEN,
+                **(PROFILE if policy == "dcredit" else {}), **kwargs)
+
+
+@pytest.mark.parametrize("opt_name", sorted(SHARDABLE))
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("net", sorted(NETS))
+def test_sharded_weights_match_ddp_and_the_unsharded_mode(net: str, policy: str, opt_name: str):
+    make_opt = SHARDABLE[opt_name]
+    expected = reference(net, make_opt)
+    unsharded, plain = ours(net, make_opt, with_model=False, policy=policy, **UNEVEN,
+                            **(PROFILE if policy == "dcredit" else {}))
+    plain.close()
+    got, opt = _sharded(net, make_opt, policy)
+    assert_all_ranks(params_close(got, expected),
+                     f"{net}/{policy}/{opt_name}: against DDP {max_rel_diff(got, expected)}")
+    assert_all_ranks(params_close(got, unsharded),
+                     f"{net}/{policy}/{opt_name}: against unsharded {max_rel_diff(got, unsharded)}")
+    trained = [p for group in opt.param_groups for p in group["params"]]
+    assert_all_ranks(same_on_every_rank(trained), "ranks ended with different parameters")
+    opt.close()
+
+
+def test_sharded_accumulation_matches_ddp():
+    expected = reference("small", SHARDABLE["adam"], passes=2)
+    got, opt = _sharded("small", SHARDABLE["adam"], passes=2)
+    assert_all_ranks(params_close(got, expected), f"max rel diff {max_rel_diff(got, expected)}")
+    opt.close()
+
+
+def test_sharded_clipping_matches_ddp_clipping_by_the_global_norm():
+    def clip_ddp(opt):
+        torch.nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]], 0.05)
+        opt.step()
+
+    def clip_sharded(opt):
+        opt.synchronize()
+        norm = opt.clip_grad_norm_(0.05)
+        assert float(norm) > 0.05                      # the clip binds
+        with opt.skip_synchronize():
+            opt.step()
+
+    expected = reference("tied", SHARDABLE["sgd_momentum"], steps=4, before_step=clip_ddp)
+    got, opt = _sharded("tied", SHARDABLE["sgd_momentum"], steps=4, before_step=clip_sharded)
+    assert_all_ranks(params_close(got, expected), f"max rel diff {max_rel_diff(got, expected)}")
+    opt.close()
+
+
+def test_sharded_adam_state_is_about_one_nth_of_the_unsharded_state_per_rank():
+    _, plain = ours("tied", SHARDABLE["adam"], with_model=False, policy="bytescheduler", **UNEVEN)
+    full = sum(v.numel() * v.element_size() for s in plain.state.values() for v in s.values()
+               if torch.is_tensor(v))
+    plain.close()
+    _, opt = _sharded("tied", SHARDABLE["adam"])
+    mine = opt._state.sharded.state_bytes()
+    print(f"rank {rank()} of {size()}: Adam state {mine} B sharded, {full} B unsharded, "
+          f"share {mine / full:.4f} (1/N = {1 / size():.4f})")
+    assert_all_ranks(abs(mine / full * size() - 1) < 0.2, f"{mine} of {full} bytes")
+    opt.close()
+
+
+def _state_close(a: dict, b: dict) -> bool:
+    """Two torch.optim state dicts hold the same state, tensor by tensor."""
+    if sorted(a["state"]) != sorted(b["state"]):
+        return False
+    for index, entry in a["state"].items():
+        other = b["state"][index]
+        if sorted(entry) != sorted(other):
+            return False
+        for k, v in entry.items():
+            w = other[k]
+            if torch.is_tensor(v) and not torch.allclose(v.float(), w.float(), rtol=1e-5, atol=1e-7):
+                return False
+    return True
+
+
+def test_the_full_form_equals_the_unsharded_state_and_loads_into_plain_torch():
+    _, plain = ours("tied", SHARDABLE["adam"], steps=3, with_model=False, policy="wfbp", **UNEVEN)
+    unsharded = plain.state_dict()
+    plain.close()
+    _, opt = _sharded("tied", SHARDABLE["adam"], steps=3, policy="wfbp")
+    full = opt.full_state_dict()
+    assert_all_ranks(_state_close(full, unsharded), "the gathered state differs from the "
+                                                    "unsharded optimizer's")
+    model = NETS["tied"][0]()
+    local = torch.optim.Adam(model.parameters(), lr=0.01)     # no library, one process's view
+    local.load_state_dict(full)
+    assert_all_ranks(_state_close(local.state_dict(), unsharded), "plain Adam did not load it")
+    opt.close()
+
+
+def test_a_full_form_resumes_a_sharded_run_like_one_that_never_stopped():
+    expected, whole = _sharded("small", SHARDABLE["adam"], steps=6, policy="wfbp")
+    whole.close()
+    data = batches(6, rank=rank())
+
+    def run(model, opt, micro_batches):
+        for micro in micro_batches:
+            opt.zero_grad()
+            for x, y in micro:
+                F.cross_entropy(model(x), y).backward()
+            opt.step()
+
+    model = make_model(rank=rank())
+    opt = dcredit_hvd.DistributedOptimizer(SHARDABLE["adam"](model.parameters()),
+                                           named_parameters=model.named_parameters(),
+                                           shard=True, policy="wfbp", **UNEVEN)
+    run(model, opt, data[:3])
+    saved_model = {k: v.clone() for k, v in model.state_dict().items()}
+    full = opt.full_state_dict()
+    opt.close()
+    model = make_model(seed=99, rank=rank())
+    model.load_state_dict(saved_model)
+    opt = dcredit_hvd.DistributedOptimizer(SHARDABLE["adam"](model.parameters()),
+                                           named_parameters=model.named_parameters(),
+                                           shard=True, policy="wfbp", **UNEVEN)
+    opt.load_state_dict(full)
+    run(model, opt, data[3:])
+    got = [v.detach().clone() for v in model.state_dict().values()]
+    assert_all_ranks(params_close(got, expected), f"max rel diff {max_rel_diff(got, expected)}")
+    opt.close()
