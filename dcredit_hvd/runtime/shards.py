@@ -132,15 +132,32 @@ class ShardedUpdate:
         self._pending_inner = self._pending_full = None
 
     def attach(self) -> None:
-        """After the reduce-scatters (``synchronize()``): each piece's gradient is its slice."""
+        """After the reduce-scatters (``synchronize()``): ``p.grad`` holds the reduced values
+        on this rank's slices and zeros elsewhere, and each piece's gradient is a view of its
+        slice, so that ``GradScaler.unscale_`` (in place, on ``p.grad``) unscales the pieces
+        too.  If any rank's slices hold an inf or a NaN, every rank's first gradient gets a
+        NaN: ``GradScaler`` then skips the step on every rank, as it does after an all-reduce
+        (a skip on some ranks only would leave the others waiting in the all-gathers)."""
         if self.inner is None:
             self._build()
-        for key, piece in self.pieces.items():
-            output = self.reduced.pop(key, None)
-            if output is None:
-                raise AssertionError(f"dcredit_hvd: no reduced gradient for the slice "
-                                     f"{piece.start}:{piece.stop} of parameter #{key[0]}")
-            piece.tensor.grad = output.view(-1)[:piece.stop - piece.start].to(piece.tensor.dtype)
+        state = self._state
+        with torch.no_grad():
+            for layout in state.layouts:
+                (p,) = state.members[layout.index]
+                p.grad.zero_()
+            bad = torch.zeros(1, dtype=torch.float64)
+            for key, piece in self.pieces.items():
+                output = self.reduced.pop(key, None)
+                if output is None:
+                    raise AssertionError(f"dcredit_hvd: no reduced gradient for the slice "
+                                         f"{piece.start}:{piece.stop} of parameter #{key[0]}")
+                mine = piece.param.grad.view(-1)[piece.start:piece.stop]
+                mine.copy_(output.view(-1))
+                piece.tensor.grad = mine
+                bad += (~torch.isfinite(mine)).sum()
+            if float(self._reduce_scalar(bad, "sum", "nonfinite")) and state.layouts:
+                (first,) = state.members[state.layouts[0].index]
+                first.grad.view(-1)[0] = float("nan")
 
     def step(self, closure: Any = None) -> Any:
         """Update this rank's pieces with the user's hyper-parameters, then all-gather them."""
@@ -190,7 +207,7 @@ class ShardedUpdate:
             local = sum((g.double().norm(norm_type) ** norm_type for g in grads),
                         torch.zeros((), dtype=torch.float64))
             op = "sum"
-        total = self._reduce_scalar(local.reshape(1), op)
+        total = self._reduce_scalar(local.reshape(1), op, "clip")
         norm = total if math.isinf(norm_type) else total ** (1.0 / norm_type)
         coef = float(max_norm) / (float(norm) + 1e-6)
         if coef < 1.0:
@@ -198,12 +215,13 @@ class ShardedUpdate:
                 g.mul_(coef)
         return norm.reshape(())
 
-    def _reduce_scalar(self, value: torch.Tensor, op: str) -> torch.Tensor:
-        transport = self._state.transport
+    def _reduce_scalar(self, value: torch.Tensor, op: str, what: str) -> torch.Tensor:
+        """One float64 scalar summed (or maxed) over the ranks, under the name ``what``."""
+        transport, name = self._state.transport, f"{self._state.prefix}.shards.{what}"
         if op == "max":
-            values = transport.allgather_object(float(value), f"{self._state.prefix}.clip.max")
+            values = transport.allgather_object(float(value), name)
             return torch.tensor(max(values), dtype=torch.float64)
-        handle = transport.submit(value.clone(), f"{self._state.prefix}.clip.norm", transport.sum)
+        handle = transport.submit(value.clone(), name, transport.sum)
         return transport.wait(handle).reshape(()).double()
 
     # -- state ----------------------------------------------------------------------------------

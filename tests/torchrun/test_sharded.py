@@ -146,3 +146,53 @@ def test_a_full_form_resumes_a_sharded_run_like_one_that_never_stopped():
     got = [v.detach().clone() for v in model.state_dict().values()]
     assert_all_ranks(params_close(got, expected), f"max rel diff {max_rel_diff(got, expected)}")
     opt.close()
+
+
+def _scaled_run(make_step, opt, model, inner, steps: int = 5) -> list[torch.Tensor]:
+    """``steps`` iterations under a ``GradScaler``; at step 2 one element of rank 0's head
+    gradient is infinite: after a reduce-scatter only the rank owning that element holds it,
+    and every rank must still skip that step, as after DDP's all-reduce."""
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    step = [0]
+
+    def poison(grad: torch.Tensor) -> torch.Tensor:
+        if step[0] == 2 and rank() == 0:
+            grad = grad.clone()
+            grad.view(-1)[0] = float("inf")
+        return grad
+
+    handle = inner.head.weight.register_hook(poison)
+    for i, micro in enumerate(batches(steps, rank=rank())):
+        step[0] = i
+        opt.zero_grad()
+        for x, y in micro:
+            scaler.scale(F.cross_entropy(model(x), y)).backward()
+        make_step(opt, scaler)
+        scaler.update()
+    handle.remove()
+    assert scaler.get_scale() == 512.0          # one skip halved it, on this rank
+    return [v.detach().clone() for v in inner.state_dict().values()]
+
+
+def test_sharded_amp_grad_scaler_skips_an_overflowing_step_on_every_rank_like_ddp():
+    from conftest import ddp
+
+    def ddp_step(opt, scaler):
+        scaler.step(opt)
+
+    def sharded_step(opt, scaler):
+        opt.synchronize()
+        scaler.unscale_(opt)
+        with opt.skip_synchronize():
+            scaler.step(opt)
+
+    model = make_model(rank=rank())
+    expected = _scaled_run(ddp_step, SHARDABLE["adam"](model.parameters()), ddp(model), model)
+    model = make_model(rank=rank())
+    opt = dcredit_hvd.DistributedOptimizer(SHARDABLE["adam"](model.parameters()),
+                                           named_parameters=model.named_parameters(),
+                                           shard=True, policy="bytescheduler", **UNEVEN)
+    got = _scaled_run(sharded_step, opt, model, model)
+    assert_all_ranks(all(torch.isfinite(v).all() for v in got), "a NaN reached the weights")
+    assert_all_ranks(params_close(got, expected), f"max rel diff {max_rel_diff(got, expected)}")
+    opt.close()
