@@ -46,6 +46,9 @@ def cell(model: str, hosts: int, rate: float, latency: float) -> dict:
                                              workers=hosts).iteration_s * 1e3
     ms["dcredit sharded"] = sim.best_dcredit(profile, cost, overlap_forward=True, shard=True,
                                              workers=hosts).iteration_s * 1e3
+    # The runtime's shard=True today: its all-gathers run in step(), before the next forward.
+    ms["dcredit sharded in step"] = sim.best_dcredit(profile, cost, overlap_forward=False,
+                                                     shard=True, workers=hosts).iteration_s * 1e3
     bound = sim.lower_bound(profile, cost) * 1e3
     bound_halves = halves.lower_bound(profile, rs, ag, hosts, sharded=True) * 1e3
     params = sum(n // e for n, e in zip(profile.nbytes, profile.element_size))
@@ -58,15 +61,17 @@ def cell(model: str, hosts: int, rate: float, latency: float) -> dict:
 def table(cells: list[dict]) -> str:
     rows = ["| model | hosts | Gbit/s | compute / link ms | bound (AR / halves) | horovod | wfbp | "
             "bytescheduler | dear | dcredit | wfbp sh. | bytescheduler sh. | dcredit sh. | "
+            "dcredit sh. in step() (the runtime today) | "
             "dcredit over dear | dcredit over best baseline | dcredit sh. / dcredit | Adam state "
             "per rank MiB (sharded) |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for c in cells:
         ms = c["ms"]
         best = min(ms[b] for b in BASELINES)
         cols = " | ".join(f"{ms[k]:.0f} ({ms[k] / _bound_of(c, k):.2f}x)"
                           for k in ("horovod", "wfbp", "bytescheduler", "dear", "dcredit",
-                                    "wfbp sharded", "bytescheduler sharded", "dcredit sharded"))
+                                    "wfbp sharded", "bytescheduler sharded", "dcredit sharded",
+                                    "dcredit sharded in step"))
         rows.append(f"| {c['model']} | {c['hosts']} | {c['rate'] / 1e9:g} | {c['compute']:.0f} / "
                     f"{c['link']:.0f} | {c['bound']:.0f} / {c['bound_halves']:.0f} | {cols} | "
                     f"{ms['dear'] / ms['dcredit']:.2f}x | {best / ms['dcredit']:.2f}x | "
@@ -89,11 +94,14 @@ def targets(cells: list[dict]) -> str:
         balanced = 0.7 <= c["link"] / c["compute"] <= 1.5
         over_dear = ms["dear"] / ms["dcredit"]
         shard = ms["dcredit sharded"] / ms["dcredit"]
+        in_step = ms["dcredit sharded in step"] / ms["dcredit"]
         lines.append(f"- {c['model']} {c['hosts']} hosts {c['rate'] / 1e9:g} Gbit/s: "
                      f"link/compute {c['link'] / c['compute']:.2f}"
                      + (f", dcredit over dear {over_dear:.2f}x "
                         f"({'met' if over_dear >= 1.1 else 'MISSED'} >= 1.1x)" if balanced else "")
-                     + f", sharded/unsharded {shard:.3f} ({'met' if shard <= 1.05 else 'MISSED'} <= 1.05)")
+                     + f", sharded/unsharded {shard:.3f} ({'met' if shard <= 1.05 else 'MISSED'} <= 1.05)"
+                     + f"; the runtime's (all-gathers in step()) {in_step:.3f} "
+                       f"({'met' if in_step <= 1.05 else 'MISSED'})")
     return "\n".join(lines) + "\n"
 
 
