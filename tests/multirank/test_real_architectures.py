@@ -105,3 +105,19 @@ def test_real_architecture_runs_the_benchmarks_dcredit_policy_with_model(name):
     assert_all_ranks(opt.plan is not None, "the plan never took over")
     problem = _mismatch(got, expected)
     assert_all_ranks(not problem, f"{name}/dcredit (bench settings): {problem}")
+
+
+@pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_real_architecture_sharded_matches_plain_horovod_on_every_rank(name, opt_name):
+    """shard=True under dcredit (blocks reduce-scattered, each rank's slices updated,
+    parameters all-gathered in step()) ends where hvd.DistributedOptimizer does."""
+    expected = reference(name, opt_name)
+    extra = {k: v for k, v in SCHEDULE.items() if k != "group_bytes"}
+    got, opt = _train(name, opt_name, lambda o, model: dcredit_hvd.DistributedOptimizer(
+        o, named_parameters=model.named_parameters(), policy="dcredit", shard=True, **extra,
+        **AMPLIFIER))
+    assert_all_ranks(opt.plan is not None, "the plan never took over")
+    problem = _mismatch(got, expected)
+    assert_all_ranks(not problem, f"{name}/shard/{opt_name}: {problem}")
+    assert_all_ranks(_same_on_every_rank(got), f"{name}: ranks ended with different parameters")

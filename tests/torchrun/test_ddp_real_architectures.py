@@ -99,3 +99,19 @@ def test_real_architecture_matches_ddp_on_every_rank(name: str, policy: str,
     assert_all_ranks(not problem, f"{name}/{policy}: {problem}")
     assert_all_ranks(same_on_every_rank(got), f"{name}: ranks ended with different parameters")
     opt.close()
+
+
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_real_architecture_sharded_matches_ddp_on_every_rank(name: str) -> None:
+    """shard=True (dcredit, its plan from iteration 4, blocks reduce-scattered, each rank's
+    slices updated, parameters all-gathered in step()) ends where DDP does."""
+    expected = reference(name)
+    extra = {k: v for k, v in SCHEDULE.items() if k != "group_bytes"}
+    got, opt = _train(name, lambda o, model: dcredit_hvd.DistributedOptimizer(
+        o, named_parameters=model.named_parameters(), transport="torch.distributed",
+        policy="dcredit", shard=True, **extra, **AMPLIFIER))
+    assert_all_ranks(opt.plan is not None, "the plan never took over")
+    problem = _mismatch(got, expected)
+    assert_all_ranks(not problem, f"{name}/shard: {problem}")
+    assert_all_ranks(same_on_every_rank(got), f"{name}: ranks ended with different parameters")
+    opt.close()

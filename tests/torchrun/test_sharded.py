@@ -196,3 +196,38 @@ def test_sharded_amp_grad_scaler_skips_an_overflowing_step_on_every_rank_like_dd
     assert_all_ranks(all(torch.isfinite(v).all() for v in got), "a NaN reached the weights")
     assert_all_ranks(params_close(got, expected), f"max rel diff {max_rel_diff(got, expected)}")
     opt.close()
+
+
+def test_two_sharded_optimizers_over_parts_of_one_model_match_ddp():
+    """Two optimizers (AdamW on the embedding and the norm, SGD on the rest), both sharded,
+    stepped one after the other after each backward, on the tied net (every parameter used on
+    every rank: see the note on per-rank unused parameters in docs/troubleshooting.md)."""
+    from conftest import ddp
+
+    def split(model):
+        first = [p for n, p in model.named_parameters() if n.startswith(("embed", "norm"))]
+        rest = [p for n, p in model.named_parameters() if not n.startswith(("embed", "norm"))]
+        return (torch.optim.AdamW(first, lr=0.01, weight_decay=0.1),
+                torch.optim.SGD(rest, lr=0.05, momentum=0.9))
+
+    def run(model, forward, opts):
+        for micro in NETS["tied"][1](5, 1):
+            for opt in opts:
+                opt.zero_grad()
+            for x, y in micro:
+                F.cross_entropy(forward(x).flatten(0, -2), y.flatten()).backward()
+            for opt in opts:
+                opt.step()
+        return [v.detach().clone() for v in model.state_dict().values()]
+
+    model = NETS["tied"][0]()
+    expected = run(model, ddp(model), split(model))
+    model = NETS["tied"][0]()
+    names = {p: n for n, p in model.named_parameters()}
+    opts = [dcredit_hvd.DistributedOptimizer(
+        o, named_parameters=[(names[p], p) for g in o.param_groups for p in g["params"]],
+        shard=True, policy="bytescheduler", **UNEVEN) for o in split(model)]
+    got = run(model, model, opts)
+    assert_all_ranks(params_close(got, expected), f"max rel diff {max_rel_diff(got, expected)}")
+    for opt in opts:
+        opt.close()
