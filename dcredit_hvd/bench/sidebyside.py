@@ -406,11 +406,19 @@ def kept_of(opt: Any) -> types.SimpleNamespace:
     ran GPT-2 small's 4 ranks out of 24 GiB."""
     if hasattr(opt, "apply_pending_updates"):
         opt.apply_pending_updates()
+    transport = getattr(getattr(opt, "_state", None), "transport", None)
     return types.SimpleNamespace(scheduler_config=getattr(opt, "scheduler_config", None),
                                  plan=getattr(opt, "plan", None),
                                  measured=getattr(opt, "measured", None),
-                                 workers=getattr(getattr(opt, "_state", None), "transport",
-                                                 None) and opt._state.transport.size())
+                                 workers=transport.size() if transport is not None else None)
+
+
+def state_bytes(opt: Any) -> int:
+    """Bytes of tensors in ``opt``'s state on this rank; with ``shard=True``, its slices'."""
+    from dcredit_hvd.runtime import shards
+
+    sharded = getattr(getattr(opt, "_state", None), "sharded", None)
+    return sharded.state_bytes() if sharded is not None else shards.state_bytes(opt.state)
 
 
 def cuda_unavailable_reason(torch: Any) -> str | None:
@@ -521,12 +529,3 @@ def init_gloo_process_group(hvd: Any) -> None:
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-def state_bytes(opt: Any) -> int:
-    """Bytes of tensors in ``opt``'s state on this rank; with ``shard=True``, its slices'."""
-    sharded = getattr(getattr(opt, "_state", None), "sharded", None)
-    if sharded is not None:
-        return sharded.state_bytes()
-    return sum(v.numel() * v.element_size() for s in getattr(opt, "state", {}).values()
-               for v in s.values() if hasattr(v, "numel"))

@@ -20,11 +20,13 @@ reads that element's gradient and state alone): others are refused.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
+from ..planning.blocks import Block
 from ..transports.shards import shard_bounds
 
 if TYPE_CHECKING:
@@ -77,6 +79,12 @@ def check_arguments(state: OptimizerState, model: Any) -> None:
             raise ValueError(f"shard=True does not support {what}. Leave shard unset for it.")
 
 
+def state_bytes(state: Mapping[Any, Mapping[str, Any]]) -> int:
+    """Bytes of the tensors in an optimizer's ``state`` (per parameter, per key)."""
+    return sum(v.numel() * v.element_size() for entry in state.values()
+               for v in entry.values() if torch.is_tensor(v))
+
+
 def of(state: OptimizerState, what: str) -> ShardedUpdate:
     """The sharded mode's machinery, or the error that says ``what`` is for it."""
     if state.sharded is None:
@@ -90,7 +98,6 @@ class ShardedUpdate:
     """The pieces, their optimizer, and the all-gathers that put the parameters back together."""
 
     def __init__(self, opt: torch.optim.Optimizer, base: type, state: OptimizerState) -> None:
-        check_optimizer(base)
         self._opt, self._base, self._state = opt, base, state
         self.pieces: dict[tuple[int, int], Piece] = {}       # (parameter index, block start)
         self.reduced: dict[tuple[int, int], torch.Tensor] = {}
@@ -106,18 +113,24 @@ class ShardedUpdate:
         self.reduced[(self._position[p], block_start)] = output
 
     # -- training thread --------------------------------------------------------------------
-    def _build(self) -> None:
-        """The pieces of the layouts in force, and the inner optimizer over them (first step)."""
-        state, size, rank = self._state, self._state.transport.size(), self._state.transport.rank()
+    def _slices(self) -> Iterator[tuple[torch.Tensor, Block, int, int]]:
+        """``(p, block, start, stop)`` for every block of the layouts in force, in their order:
+        this rank's slice ``[start, stop)`` of ``p``'s flat view (empty for some blocks)."""
+        state = self._state
+        size, rank = state.transport.size(), state.transport.rank()
         for layout in state.layouts:
             (p,) = state.members[layout.index]
             for block in layout.blocks:
                 a, b = shard_bounds(block.numel, size, rank)
-                key = (self._position[p], block.start)
-                if b > a and key not in self.pieces:
-                    flat = p.detach().view(-1)[block.start + a:block.start + b]
-                    self.pieces[key] = Piece(p, key[0], block.start + a, block.start + b,
-                                             flat.clone())
+                yield p, block, block.start + a, block.start + b
+
+    def _build(self) -> None:
+        """The pieces of the layouts in force, and the inner optimizer over them (first step)."""
+        for p, block, start, stop in self._slices():
+            key = (self._position[p], block.start)
+            if stop > start and key not in self.pieces:
+                flat = p.detach().view(-1)[start:stop]
+                self.pieces[key] = Piece(p, key[0], start, stop, flat.clone())
         groups = []
         for group in self._opt.param_groups:
             owned = {self._position[p] for p in group["params"]}
@@ -176,18 +189,13 @@ class ShardedUpdate:
 
     def _gather(self) -> None:
         """Every block's updated slices from every rank, into the parameters."""
-        state = self._state
-        transport, size, rank = state.transport, state.transport.size(), state.transport.rank()
+        transport = self._state.transport
         pending = []
-        for layout in state.layouts:
-            (p,) = state.members[layout.index]
-            for block in layout.blocks:
-                piece = self.pieces.get((self._position[p], block.start))
-                a, b = shard_bounds(block.numel, size, rank)
-                mine = (piece.tensor.detach() if piece is not None
-                        else p.detach().view(-1)[block.start + a:block.start + b])
-                handle = transport.all_gather(mine.to(p.dtype), f"{block.name}.ag", block.numel)
-                pending.append((p, block, handle))
+        for p, block, start, stop in self._slices():
+            piece = self.pieces.get((self._position[p], block.start))
+            mine = piece.tensor.detach() if piece is not None else p.detach().view(-1)[start:stop]
+            handle = transport.all_gather(mine, f"{block.name}.ag", block.numel)
+            pending.append((p, block, handle))
         with torch.no_grad():
             for p, block, handle in pending:
                 full = transport.wait(handle)
@@ -227,10 +235,7 @@ class ShardedUpdate:
     # -- state ----------------------------------------------------------------------------------
     def state_bytes(self) -> int:
         """Bytes of tensors held by the optimizer state of this rank (the pieces' state)."""
-        if self.inner is None:
-            return 0
-        return sum(v.numel() * v.element_size() for s in self.inner.state.values()
-                   for v in s.values() if torch.is_tensor(v))
+        return 0 if self.inner is None else state_bytes(self.inner.state)
 
     def state_dict(self, groups: list) -> dict:
         """This rank's state: loads on the same rank of a job of the same size."""
