@@ -9,81 +9,55 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+from halves_checks import HalvesChecks, sizes_around
 
 from dcredit_hvd.transports import torch_distributed
-from dcredit_hvd.transports.shards import chunk, shard_bounds
+from dcredit_hvd.transports.shards import shard_bounds
 
 from conftest import assert_all_ranks, gather, rank, size
 
 N = size()
-#: Empty, one element, one fewer and one more than the ranks, even and uneven large.
-SIZES = sorted({0, 1, max(N - 1, 0), N + 1, 1000, 1001})
 OPS = {"average": torch_distributed.AVERAGE, "sum": torch_distributed.SUM}
 #: What the Gloo back-end of torch 2.13 reduce-scatters and all-gathers (measured).
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
 
 
 @pytest.fixture(scope="module")
-def link() -> torch_distributed.TorchTransport:
-    """The transport over the default group (its channel: a collective, every rank here)."""
-    return torch_distributed.transport(dist.group.WORLD)
+def halves() -> HalvesChecks:
+    """The transport over the default group (its channel: a collective, every rank here);
+    outside torchrun, a skip like every test of this folder (conftest's ``_two_ranks`` runs
+    after module fixtures)."""
+    if not dist.is_initialized():
+        pytest.skip("multi-rank test: run under torchrun --nproc-per-node 2")
+    return HalvesChecks(torch_distributed.transport(dist.group.WORLD), rank(), N, OPS,
+                        assert_all_ranks, gather, low_rtol=1e-2)
 
 
-def vector(n: int, dtype: torch.dtype = torch.float32, salt: int = 0) -> torch.Tensor:
-    """This rank's ``n`` values: small integers, so sums and means by 2 are exact in 16 bits."""
-    generator = torch.Generator().manual_seed(1000 * rank() + 7 * n + salt)
-    return torch.randint(-50, 50, (n,), generator=generator).to(dtype)
-
-
-def all_reduced(link, flat: torch.Tensor, name: str, op) -> torch.Tensor:
-    """The reference: the transport's own all-reduce of a copy."""
-    return link.wait(link.submit(flat.clone(), f"{name}.reference", op))
-
-
-def close(a: torch.Tensor, b: torch.Tensor) -> bool:
-    low = a.dtype in (torch.float16, torch.bfloat16)
-    return a.dtype == b.dtype and a.shape == b.shape and torch.allclose(
-        a.double(), b.double(), rtol=1e-2 if low else 1e-6)
+@pytest.fixture(scope="module")
+def link(halves: HalvesChecks) -> torch_distributed.TorchTransport:
+    return halves.link
 
 
 @pytest.mark.parametrize("op", sorted(OPS))
-@pytest.mark.parametrize("n", SIZES)
-def test_reduce_scatter_then_all_gather_is_the_all_reduce(link, n: int, op: str) -> None:
-    name = f"halves.one.{n}.{op}"
-    flat = vector(n)
-    start, stop = shard_bounds(n, N, rank())
-    shard = link.wait(link.reduce_scatter(flat, name, OPS[op]))
-    whole = link.wait(link.all_gather(shard, name, n))
-    reference = all_reduced(link, flat, name, OPS[op])
-    assert_all_ranks(shard.shape == (stop - start,),
-                     f"shard of {tuple(shard.shape)}, this rank owns [{start}, {stop})")
-    assert_all_ranks(close(shard, reference[start:stop]), f"shard != all-reduce[{start}:{stop}]")
-    assert_all_ranks(close(whole, reference), f"all-gather of the shards != all-reduce ({n})")
-    assert_all_ranks(torch.equal(flat, vector(n)), "reduce_scatter changed its input")
-    held = shard.untyped_storage().nbytes() // shard.element_size()
-    assert_all_ranks(held <= chunk(n, N), f"the shard holds {held} elements, a chunk is "
-                     f"{chunk(n, N)}: it keeps more than its share alive")
+@pytest.mark.parametrize("n", sizes_around(N))
+def test_reduce_scatter_then_all_gather_is_the_all_reduce(halves, n: int, op: str) -> None:
+    halves.round_trip(n, op)
 
 
-def test_average_is_the_mean_over_ranks(link) -> None:
-    flat = torch.full((2 * N + 1,), float(rank() + 1))
-    start, stop = shard_bounds(flat.numel(), N, rank())
-    mean = sum(range(1, N + 1)) / N
-    shard = link.wait(link.reduce_scatter(flat, "halves.mean", torch_distributed.AVERAGE))
-    total = link.wait(link.reduce_scatter(flat, "halves.total", torch_distributed.SUM))
-    assert_all_ranks(torch.equal(shard, torch.full((stop - start,), mean)), f"{shard} != {mean}")
-    assert_all_ranks(torch.equal(total, torch.full((stop - start,), mean * N)), f"{total}")
+def test_average_is_the_mean_over_ranks(halves) -> None:
+    halves.average_is_the_mean()
 
 
-def test_several_handles_in_flight_submitted_in_different_orders_on_each_rank(link) -> None:
+def test_several_handles_in_flight_submitted_in_different_orders_on_each_rank(halves) -> None:
     """Every size and op at once, with an all-reduce among them, rank 1 submitting in the
     reverse order (a rank issuing in its own order would pair different collectives: wrong sums,
     or a hang), collected in yet another order; then every all-gather at once the same way.
     The issue logs are rank 0's on every rank."""
+    link = halves.link
     before = len(link.issue_log())
-    cases = [(n, op) for n in SIZES for op in sorted(OPS)]
-    flats = {case: vector(case[0], salt=3) for case in cases}
-    extra = vector(33, salt=5)
+    cases = [(n, op) for n in halves.sizes for op in sorted(OPS)]
+    flats = {case: halves.vector(case[0], salt=3) for case in cases}
+    extra = halves.vector(33, salt=5)
     jobs = [("scatter", case) for case in cases] + [("reduce", None)]
     mine = jobs[::-1] if rank() % 2 else jobs
     pending = {}
@@ -102,44 +76,28 @@ def test_several_handles_in_flight_submitted_in_different_orders_on_each_rank(li
     logs = gather(log)
     assert_all_ranks(len(log) == 2 * len(cases) + 1, f"{len(log)} collectives issued")
     assert_all_ranks(all(other == logs[0] for other in logs), "the ranks issued in other orders")
-    reference = all_reduced(link, extra, "halves.many.extra", OPS["sum"])
+    reference = halves.all_reduced(extra, "halves.many.extra", OPS["sum"])
     assert_all_ranks(torch.equal(done["reduce", None], reference), "the all-reduce among them")
-    for n, op in cases:
-        reference = all_reduced(link, flats[n, op], f"halves.many.{n}.{op}", OPS[op])
-        start, stop = shard_bounds(n, N, rank())
-        assert_all_ranks(close(shards[n, op], reference[start:stop]), f"shard of {n} ({op})")
-        assert_all_ranks(close(wholes[n, op], reference), f"all-gather of {n} ({op})")
+    halves.against_all_reduces(flats, shards, wholes)
 
 
-def test_one_name_for_both_halves_is_matched_by_kind(link) -> None:
+def test_one_name_for_both_halves_is_matched_by_kind(halves) -> None:
     """A bucket's reduce-scatter and all-gather may share its name; the order tells them apart
     (``Entry.kind``), as do the issue logs' positions."""
-    flat = vector(1001, salt=9)
+    link, flat = halves.link, halves.vector(1001, salt=9)
     shard = link.wait(link.reduce_scatter(flat, "halves.bucket", OPS["sum"]))
     whole = link.wait(link.all_gather(shard, "halves.bucket", 1001))
-    assert_all_ranks(close(whole, all_reduced(link, flat, "halves.bucket", OPS["sum"])), "bucket")
+    reference = halves.all_reduced(flat, "halves.bucket", OPS["sum"])
+    assert_all_ranks(halves.close(whole, reference), "bucket")
 
 
-def test_the_gathered_vector_is_alike_on_every_rank(link) -> None:
-    n = 1001
-    start, stop = shard_bounds(n, N, rank())
-    shard = vector(n)[start:stop]
-    whole = link.wait(link.all_gather(shard, "halves.alike", n))
-    everyone = gather(whole.tolist())
-    assert_all_ranks(all(other == everyone[0] for other in everyone), "ranks gathered differently")
-    assert_all_ranks(everyone[0] == sum(gather(shard.tolist()), []),
-                     "not the ranks' shards in rank order")
+def test_the_gathered_vector_is_alike_on_every_rank(halves) -> None:
+    halves.gathered_alike()
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_each_dtype_gloo_reduces(link, dtype: torch.dtype) -> None:
-    n = N + 1
-    flat = vector(n, dtype)
-    name = f"halves.dtype.{dtype}"
-    shard = link.wait(link.reduce_scatter(flat, name, torch_distributed.AVERAGE))
-    whole = link.wait(link.all_gather(shard, name, n))
-    reference = all_reduced(link, flat, name, torch_distributed.AVERAGE)
-    assert_all_ranks(shard.dtype == dtype and close(whole, reference), f"{dtype}: {whole}")
+def test_each_dtype_gloo_reduces(halves, dtype: torch.dtype) -> None:
+    halves.each_dtype(dtype)
 
 
 def test_refusals_happen_before_anything_is_issued(link) -> None:
