@@ -152,9 +152,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._parts.gradients.send_rest()
             state.synchronized = False
             state.step_in_flight = True
-            unguarded = state.updater.step(state.requires_update)
-            if unguarded:                   # no read guard for their class: update them now
-                self._parts.overlap.wait_for_reads(unguarded)
+            self._parts.overlap.start_step()
             return None
         if state.should_synchronize:
             self.synchronize()

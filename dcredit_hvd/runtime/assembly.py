@@ -14,6 +14,7 @@ import torch
 from ..planning.drift import DriftDetector
 from . import checks, instances, lifetime, shards, timeline
 from .amplifier import RaceAmplifier
+from .gathers import Gathers
 from .gradients import GradientPath
 from .instrument import Instrumentation, log, setup_logging
 from .lifecycle import PlanLifecycle
@@ -104,6 +105,8 @@ def assemble(opt: torch.optim.Optimizer, base: type, state: OptimizerState,
                                      jitter=state.amplify)
     if config.shard:
         state.sharded = shards.ShardedUpdate(opt, base, state)
+    if config.shard:          # the all-gather half: its own scheduler, the same poll/collect
+        state.gathers = Gathers(state, poll, collect)
     parts = Parts(instrument, lifecycle, overlap, gradients)
     _register_hooks(state, parts, model)
     instances.register(opt, state.prefix, state.requires_update)

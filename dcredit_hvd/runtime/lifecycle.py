@@ -21,6 +21,13 @@ from .state import OptimizerState
 from .units import build_layouts, element_size, kind
 
 
+def phase2_overlaps(state: OptimizerState) -> bool:
+    """Whether the policy's phase 2 overlaps the next forward: with ``model=``, unless the
+    all-reduces are split in two (``shard=True``): ``step()`` then waits for every
+    reduce-scatter, and the all-gathers overlap the forward instead (``gathers.py``)."""
+    return state.overlap and not state.config.shard
+
+
 class PlanLifecycle:
     """Acts on ``state``: which layout and policy are in force, and when they change."""
 
@@ -36,7 +43,7 @@ class PlanLifecycle:
         state, config = self.state, self.state.config
         state.is_gate = state.transport.rank() == 0
         state.policy = make_policy(config.policy, config.credit_bytes,
-                                   overlap_forward=state.overlap)
+                                   overlap_forward=phase2_overlaps(state))
         state.plan = state.measured = None
         # dcredit profiles the live job first (under bytescheduler rules), then plans.
         state.profiler = (StepProfiler(config.profile_warmup, config.profile_steps)
@@ -110,7 +117,7 @@ class PlanLifecycle:
             profile = profiler.profile(state.order, [state.names[p] for p in state.order],
                                        [p.numel() * e for p, e in zip(state.order, sizes)],
                                        sizes, [kind(p) for p in state.order])
-            payload = planning.decide(profile, cost, state.config, overlap_forward=state.overlap)
+            payload = planning.decide(profile, cost, state.config, overlap_forward=phase2_overlaps(state))
         plan, profile, search = state.transport.broadcast_object(payload, f"{state.prefix}.plan")
         self._switch(plan, profile, cost)
         log = self.instrument.on_rank0()
@@ -127,7 +134,7 @@ class PlanLifecycle:
         if state.overlap:
             self.instrument.time_layers(state.timeline is not None)
         state.policy = make_policy(state.config.policy, state.config.credit_bytes, plan,
-                                   overlap_forward=state.overlap)
+                                   overlap_forward=phase2_overlaps(state))
         state.layouts = build_layouts(state, plan.partition_bytes, plan.groups)
         policy = state.policy if state.is_gate else Immediate()
         policy.bind(state.layouts)
@@ -241,6 +248,8 @@ class PlanLifecycle:
         replaces them."""
         state = self.state
         state.scheduler.reset()
+        if state.gathers is not None:
+            state.gathers.reset()
         state.updater.reset()
         state.control = None
         state.step_in_flight = False

@@ -65,5 +65,7 @@ def close(state: OptimizerState, overlap: Any, owner: Any, why: str) -> None:
             state.guard.stop_observing()
             state.guard.release_all()
         state.scheduler.close()
+        if state.gathers is not None:
+            state.gathers.close()
         instances.unregister(owner)
     state.closed = f" {why}" if why else ""

@@ -97,14 +97,35 @@ class Overlap:
         started = self.instrument.wait_started()
         with self.lost_to_shutdown_reported():
             self.state.updater.wait(params)
+            if self.state.gathers is not None:
+                self.state.gathers.wait(params)
             follow(self.state.cuda_stream)
         self.instrument.waited(params, started)
+
+    def start_step(self) -> None:
+        """``step()`` with ``model=``, once everything is sent: owe every update and return.
+        Unsplit, each parameter is updated as soon as its gradient is reduced (``updates.py``).
+        Split (``shard=True``), every reduce-scatter is waited for, this rank's slices are
+        updated, and their all-gathers overlap the next forward (``gathers.py``)."""
+        state = self.state
+        if state.sharded is not None:
+            with self.lost_to_shutdown_reported():
+                state.scheduler.wait_all()
+            state.updater.reset()
+            state.sharded.attach()
+            unguarded = state.sharded.step(None, overlap=True)
+        else:
+            unguarded = state.updater.step(state.requires_update)
+        if unguarded:                   # no read guard for their class: wait for them now
+            self.wait_for_reads(unguarded)
 
     def drain(self) -> None:
         """Wait for every block and apply every owed update (the last step is done)."""
         state = self.state
         with self.lost_to_shutdown_reported():
             state.scheduler.wait_all()
+            if state.gathers is not None:
+                state.gathers.drain()
             state.updater.drain()
             follow(state.cuda_stream)
         state.step_in_flight = False

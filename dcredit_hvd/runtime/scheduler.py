@@ -209,6 +209,11 @@ class BlockScheduler:
     def outstanding(self) -> int:
         return self._outstanding
 
+    @property
+    def liveness(self) -> Optional[Liveness]:
+        """The peers' liveness channel this scheduler's waits wake on (shared: ``gathers``)."""
+        return self._liveness
+
     def close(self) -> None:
         with self._cond:
             self._closed = True

@@ -8,9 +8,10 @@ of the block.  ``step()`` then runs an optimizer of the user's class, with the u
 groups' hyper-parameters, over *pieces*: one flat tensor per block slice this rank owns, copied
 from the parameter just before the update.  Its state exists for the pieces alone: Adam's
 8 bytes per parameter become ``8/N`` per rank.  The updated pieces are all-gathered, block by
-block, into the parameters, which end equal on every rank.  ZeRO stage 2 with the
-reduce-scatters under D-Credit's windows (``docs/algorithm.md`` §9); the all-gathers run in
-``step()`` (overlapping them with the next forward is not built yet).
+block, into the parameters, which end equal on every rank (``gathers.py``: under the policy's
+gather rule; in ``step()``, or with ``model=`` overlapping the next forward, each parameter held
+by the read guard until its own all-gathers land).  ZeRO stage 2 with both halves under
+D-Credit's windows (``docs/algorithm.md`` §9).
 
 The slices are a pure function of the parameter and the partition, which the sharded mode keeps
 fixed, so a piece is the same range of the same parameter for the whole run, whatever order the
@@ -19,6 +20,7 @@ reads that element's gradient and state alone): others are refused.
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -28,6 +30,7 @@ import torch
 
 from ..planning.blocks import Block
 from ..transports.shards import shard_bounds
+from .gathers import Gather
 
 if TYPE_CHECKING:
     from .state import OptimizerState
@@ -64,8 +67,6 @@ def check_optimizer(cls: type) -> None:
 def check_arguments(state: OptimizerState, model: Any) -> None:
     """What the sharded mode cannot do yet, refused with the way out."""
     refused = [
-        (model is not None, "model= (updates overlapping the next forward; the sharded mode "
-                            "all-gathers the parameters in step()): leave model= out"),
         (state.elastic, "elastic training (a slice belongs to a rank of a fixed world)"),
         (getattr(state.compression, "__name__", type(state.compression).__name__)
          not in ("NoneCompressor", "NoCompression"),
@@ -172,8 +173,11 @@ class ShardedUpdate:
                 (first,) = state.members[state.layouts[0].index]
                 first.grad.view(-1)[0] = float("nan")
 
-    def step(self, closure: Any = None) -> Any:
-        """Update this rank's pieces with the user's hyper-parameters, then all-gather them."""
+    def step(self, closure: Any = None, overlap: bool = False) -> Any:
+        """Update this rank's pieces with the user's hyper-parameters, then all-gather them
+        (``gathers.py``): waited for here, or, with ``overlap`` (``model=``), overlapping the
+        next forward, each parameter held by the read guard until its own all-gathers land.
+        Returns, with ``overlap``, the parameters the guard cannot hold."""
         if closure is not None:
             raise ValueError("shard=True: step(closure) is not supported; call the closure "
                              "(forward and backward) before step()")
@@ -184,22 +188,22 @@ class ShardedUpdate:
             for piece in self.pieces.values():      # the parameter may have been loaded since
                 piece.tensor.copy_(piece.param.detach().view(-1)[piece.start:piece.stop])
         self.inner.step()
-        self._gather()
-        return None
+        gathers = self._state.gathers
+        unguarded = gathers.start(self._gather_units())
+        if not overlap:
+            gathers.drain()
+        return unguarded if overlap else None
 
-    def _gather(self) -> None:
-        """Every block's updated slices from every rank, into the parameters."""
-        transport = self._state.transport
-        pending = []
+    def _gather_units(self) -> list[tuple[int, list[Gather], list[torch.Tensor]]]:
+        """Per unit (one parameter), every block's updated slice and where the whole block
+        lands: the all-gathers that put the parameters back together."""
+        units: dict[int, tuple[int, list[Gather], list[torch.Tensor]]] = {}
         for p, block, start, stop in self._slices():
             piece = self.pieces.get((self._position[p], block.start))
             mine = piece.tensor.detach() if piece is not None else p.detach().view(-1)[start:stop]
-            handle = transport.all_gather(mine, f"{block.name}.ag", block.numel)
-            pending.append((p, block, handle))
-        with torch.no_grad():
-            for p, block, handle in pending:
-                full = transport.wait(handle)
-                p.view(-1)[block.start:block.stop].copy_(full.view(-1))
+            unit = units.setdefault(block.tensor, (block.tensor, [], [p]))
+            unit[1].append(Gather(block, mine, functools.partial(_land, p, block)))
+        return list(units.values())
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """``torch.nn.utils.clip_grad_norm_`` over every rank's pieces: the global norm of the
@@ -312,6 +316,11 @@ class ShardedUpdate:
                             for k, v in src.items()}
         loaded["state"] = state
         self.inner.load_state_dict(loaded)
+
+
+def _land(p: torch.Tensor, block: Block, full: torch.Tensor) -> None:
+    """A block's all-gathered values into its range of ``p`` (the gather's completion)."""
+    p.view(-1)[block.start:block.stop].copy_(full.view(-1))
 
 
 def _per_element(value: Any, numel: int, flat: bool = True) -> bool:

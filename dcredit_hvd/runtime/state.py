@@ -102,6 +102,7 @@ class OptimizerState:
     scheduler: Optional[BlockScheduler] = None
     updater: Optional[ParameterUpdater] = None
     sharded: Any = None                    # shard=True: shards.ShardedUpdate
+    gathers: Any = None                    # the all-gather half (shard=True, dear): gathers.Gathers
     timeline: Optional[Timeline] = None
     hooks: Hooks = field(default_factory=Hooks)
     closed: Optional[str] = None           # why it was closed (close(), or a newer optimizer)

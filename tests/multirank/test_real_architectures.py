@@ -107,19 +107,24 @@ def test_real_architecture_runs_the_benchmarks_dcredit_policy_with_model(name):
     assert_all_ranks(not problem, f"{name}/dcredit (bench settings): {problem}")
 
 
-#: Each architecture with one optimizer, alternating (the references are cached already).
-SHARDED = [(name, sorted(OPTIMIZERS)[i % 2]) for i, name in enumerate(sorted(ARCHITECTURES))]
+#: Each architecture with one optimizer, alternating (the references are cached already), and
+#: with or without ``model=`` (all-gathers overlapping the next forward, or in step()), so that
+#: every optimizer meets both.
+SHARDED = [(name, sorted(OPTIMIZERS)[i % 2], (i // 2) % 2 == 0)
+           for i, name in enumerate(sorted(ARCHITECTURES))]
 
 
-@pytest.mark.parametrize("name, opt_name", SHARDED)
-def test_real_architecture_sharded_matches_plain_horovod_on_every_rank(name, opt_name):
+@pytest.mark.parametrize("name, opt_name, with_model", SHARDED)
+def test_real_architecture_sharded_matches_plain_horovod_on_every_rank(name, opt_name,
+                                                                       with_model):
     """shard=True under dcredit (blocks reduce-scattered, each rank's slices updated,
-    parameters all-gathered in step()) ends where hvd.DistributedOptimizer does."""
+    parameters all-gathered in step(), or with model= during the next forward) ends where
+    hvd.DistributedOptimizer does, read right after the last step()."""
     expected = reference(name, opt_name)
     extra = {k: v for k, v in SCHEDULE.items() if k != "group_bytes"}
     got, opt = _train(name, opt_name, lambda o, model: dcredit_hvd.DistributedOptimizer(
         o, named_parameters=model.named_parameters(), policy="dcredit", shard=True, **extra,
-        **AMPLIFIER))
+        model=model if with_model else None, **AMPLIFIER))
     assert_all_ranks(opt.plan is not None, "the plan never took over")
     problem = _mismatch(got, expected)
     assert_all_ranks(not problem, f"{name}/shard/{opt_name}: {problem}")

@@ -48,6 +48,21 @@ def test_sharded_weights_match_ddp_and_the_unsharded_mode(net: str, policy: str,
     opt.close()
 
 
+@pytest.mark.parametrize("policy, opt_name", [("wfbp", "sgd_momentum"), ("bytescheduler", "adam"),
+                                             ("dcredit", "adamw")])
+def test_sharded_all_gathers_overlapping_the_next_forward_match_ddp(policy: str, opt_name: str):
+    """``model=``: step() returns with the all-gathers in flight, issued in rank 0's order;
+    each read of the tied net's parameters (an embedding read twice, a bare root parameter)
+    waits for its own, with the race amplifier on."""
+    make_opt = SHARDABLE[opt_name]
+    expected = reference("tied", make_opt)
+    got, opt = ours("tied", make_opt, with_model=True, shard=True, policy=policy,
+                    race_amplifier=0.0005, **UNEVEN, **(PROFILE if policy == "dcredit" else {}))
+    assert_all_ranks(params_close(got, expected),
+                     f"{policy}/{opt_name}: against DDP {max_rel_diff(got, expected)}")
+    opt.close()
+
+
 def test_sharded_accumulation_matches_ddp():
     expected = reference("small", SHARDABLE["adam"], passes=2)
     got, opt = _sharded("small", SHARDABLE["adam"], passes=2)
