@@ -23,7 +23,8 @@ SYNC, TORCH_DISTRIBUTED, SHARD = "-sync", "-td", "-shard"
 @dataclass(frozen=True)
 class PolicyName:
     """What a ``--policy`` entry asks for: ``<base>[-sync][-td][-shard]`` (suffixes in any
-    order; ``-shard``: ``shard=True``, whose all-gathers run in ``step()``, so no ``model=``)."""
+    order; ``-shard``: ``shard=True``, its all-gathers overlapping the next forward, or in
+    ``step()`` with ``-sync``)."""
 
     name: str
     base: str
@@ -36,7 +37,7 @@ class PolicyName:
         base, overlap, transport, shard = name, True, None, False
         while True:
             if base.endswith(SHARD):
-                base, overlap, shard = base.removesuffix(SHARD), False, True
+                base, shard = base.removesuffix(SHARD), True
             elif base.endswith(SYNC):
                 base, overlap = base.removesuffix(SYNC), False
             elif base.endswith(TORCH_DISTRIBUTED):
@@ -136,7 +137,7 @@ def simulated_row(profile: Any, cost: Any, policy: PolicyName, kept: Any,
                               "fusion_bytes": 128 << 20}
     if policy.transport is not None:
         kwargs.update(cycle_s=0.0, fusion_bytes=0)
-    if policy.shard:                     # its all-gathers run in step() (overlap_forward False)
+    if policy.shard:                     # split in halves: the runtime's step() (halves.py)
         kwargs.update(shard=True, workers=kept.workers)
     rule: Any = policy.base
     if policy.base in ("wfbp", "bytescheduler"):

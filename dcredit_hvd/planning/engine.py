@@ -53,12 +53,13 @@ class Halves:
 
     ``gather`` is the window rule of the all-gathers, driven like any policy (phase 2 from the
     start: ``on_backward_end`` comes before its first block).  ``after_step``: every all-gather
-    waits until the last reduce-scatter has finished (DeAR: ``step()`` synchronises them, then
-    starts the first all-gather); otherwise a unit's all-gather is ready once its shard is
-    updated (the sharded mode): the updates, ``shard_update_s[u]`` each, run one at a time in
-    the order the reduce-scatters end, during backward too (backward never reads a layer's
-    weights again once its gradient is ready); ``simulator`` charges their time to the training
-    thread before the next forward.
+    waits until the last reduce-scatter has finished and the shard updates, ``shard_update_s``
+    (the sharded mode; none for DeAR), have run one after another: ``step()`` synchronises the
+    reduce-scatters, updates, then starts the all-gathers, as the runtime does.  Otherwise a
+    unit's all-gather is ready once its own shard is updated: the updates run one at a time in
+    the order the reduce-scatters end, during backward too (a schedule the runtime does not
+    run; kept to price it).  ``simulator`` charges the updates' time to the training thread
+    before the next forward.
     ``update_in_forward``: the full update runs just before the layer's forward (DeAR updates
     each module in its forward pre-hook); otherwise it already happened on the shard.
     """
@@ -96,7 +97,7 @@ class Engine:
         if halves is None:
             self.stages: tuple[tuple[str, CostModel, Policy], ...] = ((ALLREDUCE, cost, policy),)
         else:
-            if not halves.after_step and len(halves.shard_update_s) not in (0, len(layouts)):
+            if len(halves.shard_update_s) not in (0, len(layouts)):
                 raise ValueError(f"Halves.shard_update_s has {len(halves.shard_update_s)} "
                                  f"entries for {len(layouts)} units")
             halves.gather.bind(layouts)
@@ -263,7 +264,8 @@ class _Run:
         self.scattered += 1
         if halves.after_step:
             if self.scattered == len(self.engine.layouts):
-                self._book(now, _GATHER, range(len(self.engine.layouts)))
+                self._book(now + sum(halves.shard_update_s), _GATHER,
+                           range(len(self.engine.layouts)))
             return
         took = halves.shard_update_s[unit] if halves.shard_update_s else 0.0
         self.updates_free = max(self.updates_free, now) + took

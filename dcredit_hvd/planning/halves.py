@@ -65,7 +65,9 @@ def make_halves(name: str, policy: Policy, scatter_cost: CostModel, gather_cost:
     gather = policy.gather_rule()
     if policy.gathers_in_forward_order():
         gather = InForwardOrder(gather)
-    return Halves(scatter_cost, gather_cost, gather, after_step=False,
+    # The runtime's step() waits for every reduce-scatter, updates the shards, then releases
+    # the all-gathers (runtime/gathers.py): after_step, the updates in between.
+    return Halves(scatter_cost, gather_cost, gather, after_step=True,
                   update_in_forward=False, shard_update_s=shard_update_times(units, workers))
 
 

@@ -105,3 +105,19 @@ def test_compare_runs_dear_beside_the_baselines_and_shards_all_but_horovod():
     assert rows[sim.LOWER_BOUND].iteration_s == pytest.approx(
         halves.lower_bound(p, rs, ag, 2, sharded=True))
     assert rows["dcredit"].plan.gather_order in ("forward", "ready")
+
+
+def test_the_sharded_all_gathers_wait_for_every_scatter_and_update_as_step_does():
+    # The runtime's step() (runtime/gathers.py): every reduce-scatter, then the shard updates,
+    # then the all-gathers.  Two 1000-byte tensors, 2 ranks, 4 ms updates (2 ms on a shard),
+    # each half 1 ms.  Backward 0..4: "out" is scattered 2..3, "in" 4..5; updates 5..9;
+    # all-gathers in forward order, "in" 9..10, "out" 10..11; forward 10..11 and 11..12.
+    p = _two_layers(t_u=[4e-3, 4e-3])
+    half = CostModel(a=0.0, b=1e-6)
+    r = sim.simulate(p, CostModel(a=0.0, b=2e-6), "wfbp", shard=True, workers=2, cycle_s=0.0,
+                     scatter_cost=half, gather_cost=half, overlap_forward=True, warmup=2,
+                     iterations=3)
+    gathers = [op for op in r.trace if op.kind == "all_gather"]
+    assert [g.blocks for g in gathers] == [((0, 0),), ((1, 0),)]
+    assert gathers[0].start == pytest.approx(9e-3)
+    assert r.iteration_s == pytest.approx(12e-3)
