@@ -19,7 +19,7 @@ PYTEST_MR := $(PY) -m pytest -q -p no:cacheprovider tests/multirank
 # horovodrun's process model (tests/README.md says why); make test-full runs all of multirank/.
 GLOO_TESTS := $(addprefix tests/multirank/,test_parity.py test_reliability.py test_agreement.py \
               test_dropin_swap.py test_horovod_contract.py test_liveness_outsider.py \
-              test_sharded.py)
+              test_sharded.py test_dear.py)
 #: make test's suites, in order; each prints its wall time.
 SUITES      := test-unit test-mpi test-gloo test-torchrun test-frameworks vcluster-report
 SUITES_FULL := test-unit test-mpi test-gloo-full test-torchrun test-frameworks vcluster-report

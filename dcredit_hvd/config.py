@@ -219,9 +219,20 @@ class SchedulerConfig:
             config._fix_units_for_shards()
         return config
 
+    @property
+    def split(self) -> bool:
+        """Whether each all-reduce runs as a reduce-scatter and an all-gather (``dear``, or
+        ``shard=True``: ``runtime/gathers.py``)."""
+        return self.shard or self.policy == "dear"
+
     def _fix_units_for_shards(self) -> None:
         """A slice of the sharded mode is a range of one parameter for the whole run: no
         grouping, and a partition the planner keeps (``runtime/shards.py``)."""
+        if self.policy == "dear":
+            raise ValueError("shard=True with policy='dear': DeAR, as its authors ran it, "
+                             "all-gathers reduced gradients into fused buffers and every rank "
+                             "updates whole tensors; for the sharded mode choose another "
+                             "policy (dcredit), or leave shard unset for dear")
         if self.explicit("group_bytes") and self.group_bytes:
             raise ValueError(f"shard=True sends each parameter on its own, but group_bytes="
                              f"{self.group_bytes} groups small ones; leave group_bytes unset "
@@ -240,11 +251,6 @@ class SchedulerConfig:
         what = f"{name}" if source == "keyword" else f"{cls.ENV[name]} (environment)"
         if name == "policy":
             policy = str(value).strip().lower()
-            if policy == "dear":
-                raise ValueError(f"{what}={value!r}: DeAR exists in the simulator only "
-                                 f"(python -m dcredit_hvd simulate --policies dear); the runtime "
-                                 f"cannot split all-reduces into reduce-scatter and all-gather "
-                                 f"yet. Choose one of {', '.join(POLICIES)}")
             if policy not in POLICIES:
                 raise ValueError(f"{what}={value!r} is not a known policy; choose one of "
                                  f"{', '.join(POLICIES)}")

@@ -97,6 +97,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         state.updater.reset()              # the gradients are reduced; step() updates at once
         if state.sharded is not None:      # shards.py: each slice's gradient is in
             state.sharded.attach()
+        elif state.gathers is not None:    # dear: the reduced gradients, all-gathered
+            state.gathers.gather_now()
         state.synchronized = True
         self._parts.lifecycle.end_iteration()
 

@@ -6,13 +6,14 @@ from typing import TYPE_CHECKING, Optional
 from .base import Immediate, Policy
 from .bytescheduler import ByteScheduler
 from .dcredit import DCredit
+from .dear import DeAR
 from .wfbp import WFBP
 
 if TYPE_CHECKING:
     from ..planning.planner import Plan
 
 #: Policies a user may name.
-POLICIES = ("dcredit", "bytescheduler", "wfbp")
+POLICIES = ("dcredit", "bytescheduler", "wfbp", "dear")
 
 
 def make_policy(name: str, credit_bytes: int, plan: Optional[Plan] = None, *,
@@ -25,6 +26,8 @@ def make_policy(name: str, credit_bytes: int, plan: Optional[Plan] = None, *,
     """
     if name == "wfbp":
         return WFBP()
+    if name == "dear":
+        return DeAR()
     if name == "bytescheduler" or (name == "dcredit" and plan is None):
         return ByteScheduler(credit_bytes)
     if name == "dcredit":
@@ -32,4 +35,4 @@ def make_policy(name: str, credit_bytes: int, plan: Optional[Plan] = None, *,
     raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}")
 
 
-__all__ = ["POLICIES", "ByteScheduler", "DCredit", "Immediate", "Policy", "WFBP", "make_policy"]
+__all__ = ["POLICIES", "ByteScheduler", "DCredit", "DeAR", "Immediate", "Policy", "WFBP", "make_policy"]

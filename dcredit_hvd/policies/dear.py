@@ -37,14 +37,19 @@ from .base import Policy
 DEAR_BUFFER_BYTES = 25 * 1024 * 1024
 
 
-def dear_groups(nbytes: Sequence[int], threshold_bytes: int = DEAR_BUFFER_BYTES) -> tuple[int, ...]:
-    """Member counts of DeAR's buffers over tensors in forward order (module docstring's rule)."""
+def dear_groups(nbytes: Sequence[int], threshold_bytes: int = DEAR_BUFFER_BYTES,
+                kinds: Sequence[object] = ()) -> tuple[int, ...]:
+    """Member counts of DeAR's buffers over tensors in forward order (module docstring's rule).
+    ``kinds`` (``Profile.group_kinds``): a buffer holds one kind (dtype) only, and a tensor of
+    kind None (never grouped: CUDA) is a buffer of its own."""
     if threshold_bytes <= 0:
         raise ValueError(f"dear: the buffer threshold must be > 0 bytes, got {threshold_bytes}")
+    kinds = tuple(kinds) or (0,) * len(nbytes)
     counts: list[int] = []
     total = 0
-    for size in nbytes:
-        if counts and (total == 0 or total + size < threshold_bytes):
+    for i, size in enumerate(nbytes):
+        same = i > 0 and kinds[i] is not None and kinds[i] == kinds[i - 1]
+        if counts and same and (total == 0 or total + size < threshold_bytes):
             counts[-1] += 1
             total += size
         else:
@@ -68,7 +73,7 @@ class DeAR(Policy):
         return None  # a buffer is never cut
 
     def groups(self, nbytes: Sequence[int], kinds: Sequence[object]) -> tuple[int, ...]:
-        return dear_groups(nbytes, self.buffer_bytes)
+        return dear_groups(nbytes, self.buffer_bytes, kinds)
 
     def admit(self, block: Block) -> bool:
         return True

@@ -14,7 +14,7 @@ import torch
 from ..planning.drift import DriftDetector
 from . import checks, instances, lifetime, shards, timeline
 from .amplifier import RaceAmplifier
-from .gathers import Gathers
+from .gathers import Gathers, check_split
 from .gradients import GradientPath
 from .instrument import Instrumentation, log, setup_logging
 from .lifecycle import PlanLifecycle
@@ -57,7 +57,8 @@ def assemble(opt: torch.optim.Optimizer, base: type, state: OptimizerState,
     config, transport = state.config, state.transport
     if config.shard:
         shards.check_optimizer(base)
-        shards.check_arguments(state, model)
+    if config.split:
+        check_split(state)
     lifetime.take_over(state, stacklevel=4)
     # Every collective this optimizer issues is named under its own prefix (instances.py).
     state.initial = initial_order(state)
@@ -105,7 +106,7 @@ def assemble(opt: torch.optim.Optimizer, base: type, state: OptimizerState,
                                      jitter=state.amplify)
     if config.shard:
         state.sharded = shards.ShardedUpdate(opt, base, state)
-    if config.shard:          # the all-gather half: its own scheduler, the same poll/collect
+    if config.split:          # the all-gather half: its own scheduler, the same poll/collect
         state.gathers = Gathers(state, poll, collect)
     parts = Parts(instrument, lifecycle, overlap, gradients)
     _register_hooks(state, parts, model)

@@ -45,6 +45,25 @@ class Gather:
     land: Callable[[torch.Tensor], None]       # called with the gathered ``block.numel`` values
 
 
+def check_split(state: OptimizerState) -> None:
+    """What the two halves cannot do yet, refused with the way out (``shard=True`` or
+    ``policy='dear'``)."""
+    mode, fix = (("shard=True", "leave shard unset") if state.config.shard
+                 else (f"policy={state.config.policy!r}", "choose another policy"))
+    refused = [
+        (state.elastic, "elastic training (a slice belongs to a rank of a fixed world)"),
+        (getattr(state.compression, "__name__", type(state.compression).__name__)
+         not in ("NoneCompressor", "NoCompression"),
+         "compression (the halves carry the uncompressed values)"),
+        (state.predivide != 1.0, "gradient_predivide_factor != 1"),
+        (any(p.is_cuda for p in state.requires_update),
+         "CUDA parameters (not verified on a GPU yet)"),
+    ]
+    for bad, what in refused:
+        if bad:
+            raise ValueError(f"{mode} does not support {what}: {fix} for it.")
+
+
 def gather_rule(policy: Policy, is_gate: bool, layouts: Sequence[Any]) -> Policy:
     """The rule this rank's all-gathers are released by (module docstring), bound to
     ``layouts``; non-gate ranks release every all-gather at once, as they do every block."""
@@ -77,7 +96,7 @@ class Gathers:
         self._scattered: dict[tuple[int, int], tuple[torch.Tensor, Callable]] = {}
 
     # -- DeAR: the reduce-scatters' results, kept until step() ---------------------------------
-    def scattered(self, block: Block, shard: torch.Tensor, land: Callable) -> None:
+    def scattered(self, block: Block, shard: torch.Tensor, *, land: Callable) -> None:
         """Completion thread: this rank's reduced shard of ``block``; ``land`` takes the whole
         reduced block once gathered."""
         with self._cond:
@@ -97,6 +116,12 @@ class Gathers:
                     gathers.append(Gather(block, *kept))
                 units.append((layout.index, gathers, []))
         return units
+
+    def gather_now(self) -> None:
+        """DeAR without ``model=`` (``synchronize()``): every reduced gradient all-gathered
+        under the gather rule and written back, before any update."""
+        self.start(self.scattered_units())
+        self.drain()
 
     # -- training thread --------------------------------------------------------------------
     def start(self, units: Iterable[tuple[int, list[Gather], list[torch.Tensor]]]) -> list:

@@ -8,6 +8,7 @@ and from each block's result back into ``p.grad`` (then, with ``model=``, the up
 """
 from __future__ import annotations
 
+import functools
 from contextlib import nullcontext
 from typing import Any, Callable, Optional
 
@@ -117,7 +118,9 @@ class GradientPath:
                 state.cuda_stream = ticket.stream
             finish = self._block_done(unit_done, view, ctx, write_back, left, ticket) \
                 if (write_back or unit_done is not None or ticket is not None
-                    or state.amplify) else None
+                    or state.amplify or state.gathers is not None) else None
+            if state.gathers is not None:      # dear: the shard waits for step()'s all-gather
+                finish = functools.partial(state.gathers.scattered, block, land=finish)
             items.append(Item(block.key, 0, block, payload if ticket is None else ticket.sendable,
                               finish, context=ticket))
         return items
@@ -164,7 +167,7 @@ class GradientPath:
             prescale = postscale = 1.0
         with (nullcontext(item.payload) if item.context is None
               else CudaTransfer.submitting(item.context)) as tensor:
-            if state.sharded is not None:       # shards.py: this rank keeps its slice only
+            if state.gathers is not None:       # the halves (gathers.py): this rank's shard
                 return state.transport.reduce_scatter(tensor, item.block.name, state.op)
             return state.transport.submit(tensor, item.block.name, state.op, prescale, postscale)
 

@@ -48,7 +48,8 @@ class PlanLifecycle:
         # dcredit profiles the live job first (under bytescheduler rules), then plans.
         state.profiler = (StepProfiler(config.profile_warmup, config.profile_steps)
                           if config.policy == "dcredit" else None)
-        state.layouts = build_layouts(state, state.policy.partition_bytes(config.partition_bytes))
+        state.layouts = build_layouts(state, state.policy.partition_bytes(config.partition_bytes),
+                                      self._groups())
         gate_policy = state.policy if state.is_gate else Immediate()
         gate_policy.bind(state.layouts)
         return gate_policy
@@ -84,10 +85,20 @@ class PlanLifecycle:
         order = [state.initial[i] for i in chosen]
         if [id(p) for p in order] != [id(p) for p in state.order]:
             state.order = order
-            state.layouts = build_layouts(state, self._partition(),
-                                          state.plan.groups if state.plan else ())
+            state.layouts = build_layouts(state, self._partition(), self._groups())
             state.scheduler.policy.bind(state.layouts)
         checks.check_layouts(state, "after the forward order was agreed")
+
+    def _groups(self) -> tuple[int, ...]:
+        """The runs of ``state.order`` that share a buffer: the plan's, or the policy's own
+        (DeAR's fused buffers), in the order in force."""
+        state = self.state
+        if state.plan is not None:
+            return tuple(state.plan.groups)
+        order = state.order
+        return tuple(state.policy.groups(
+            [p.numel() * element_size(state, p) for p in order],
+            [(kind(p), element_size(state, p)) if kind(p) else None for p in order]))
 
     def _partition(self) -> Optional[int]:
         state = self.state

@@ -105,17 +105,21 @@ class Overlap:
     def start_step(self) -> None:
         """``step()`` with ``model=``, once everything is sent: owe every update and return.
         Unsplit, each parameter is updated as soon as its gradient is reduced (``updates.py``).
-        Split (``shard=True``), every reduce-scatter is waited for, this rank's slices are
-        updated, and their all-gathers overlap the next forward (``gathers.py``)."""
+        Split, every reduce-scatter is waited for, then the all-gathers overlap the next
+        forward (``gathers.py``): of this rank's updated slices (``shard=True``), or of the
+        reduced gradients, each parameter updated as soon as its own land (``dear``)."""
         state = self.state
-        if state.sharded is not None:
+        if state.gathers is not None:
             with self.lost_to_shutdown_reported():
                 state.scheduler.wait_all()
+        if state.sharded is not None:
             state.updater.reset()
             state.sharded.attach()
             unguarded = state.sharded.step(None, overlap=True)
         else:
             unguarded = state.updater.step(state.requires_update)
+            if state.gathers is not None:       # dear: each update once its gradient lands
+                unguarded += state.gathers.start(state.gathers.scattered_units())
         if unguarded:                   # no read guard for their class: wait for them now
             self.wait_for_reads(unguarded)
 

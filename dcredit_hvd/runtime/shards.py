@@ -64,22 +64,6 @@ def check_optimizer(cls: type) -> None:
         raise ValueError(NOT_ELEMENTWISE.format(names=", ".join(ELEMENTWISE), cls=cls.__name__))
 
 
-def check_arguments(state: OptimizerState, model: Any) -> None:
-    """What the sharded mode cannot do yet, refused with the way out."""
-    refused = [
-        (state.elastic, "elastic training (a slice belongs to a rank of a fixed world)"),
-        (getattr(state.compression, "__name__", type(state.compression).__name__)
-         not in ("NoneCompressor", "NoCompression"),
-         "compression (the slices are updated from the uncompressed reduction)"),
-        (state.predivide != 1.0, "gradient_predivide_factor != 1"),
-        (any(p.is_cuda for p in state.requires_update),
-         "CUDA parameters (not verified on a GPU yet)"),
-    ]
-    for bad, what in refused:
-        if bad:
-            raise ValueError(f"shard=True does not support {what}. Leave shard unset for it.")
-
-
 def state_bytes(state: Mapping[Any, Mapping[str, Any]]) -> int:
     """Bytes of the tensors in an optimizer's ``state`` (per parameter, per key)."""
     return sum(v.numel() * v.element_size() for entry in state.values()

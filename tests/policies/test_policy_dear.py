@@ -119,8 +119,15 @@ def test_in_forward_order_releases_every_block_in_priority_order_whatever_order_
     assert released == sorted(b for layout in layouts for b in layout.blocks)
 
 
-def test_the_runtime_refuses_dear_naming_the_simulator():
-    with pytest.raises(ValueError, match="simulator only"):
-        SchedulerConfig.resolve(environ={}, policy="dear")
-    with pytest.raises(ValueError, match="DCREDIT_POLICY.*simulator only"):
-        SchedulerConfig.resolve(environ={"DCREDIT_POLICY": "DeAR"})
+def test_the_runtime_accepts_dear_and_refuses_it_with_shards():
+    assert SchedulerConfig.resolve(environ={"DCREDIT_POLICY": "DeAR"}).policy == "dear"
+    assert SchedulerConfig.resolve(environ={}, policy="dear").split
+    with pytest.raises(ValueError, match="shard=True with policy='dear'"):
+        SchedulerConfig.resolve(environ={}, policy="dear", shard=True)
+
+
+def test_dear_buffers_hold_one_kind_only():
+    # Three float32 tensors, then a float16 one, then a tensor never grouped (CUDA): the
+    # dtype change and the ungroupable tensor each start a buffer of their own.
+    kinds = [("cpu", 4), ("cpu", 4), ("cpu", 4), ("cpu", 2), None, ("cpu", 2)]
+    assert dear_groups([100] * 6, 1 << 20, kinds) == (3, 1, 1, 1)
