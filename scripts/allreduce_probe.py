@@ -6,6 +6,9 @@
 With P hosts, each NIC full duplex at RATE, an all-reduce of N bytes needs at least
 2 (P-1)/P x N / RATE (a ring or Rabenseifner: every host sends and receives that much);
 recursive doubling needs log2(P) x N / RATE. Rank 0 prints the measured median and both.
+With ``--halves`` it also times the two halves of the same all-reduce, ``hvd.reducescatter``
+and ``hvd.allgather`` (each needs (P-1)/P x N / RATE on a ring), the collectives the sharded
+mode and DeAR send instead.
 """
 from __future__ import annotations
 
@@ -31,6 +34,8 @@ def main() -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mib", type=float, default=24.0, help="all-reduce size (MiB)")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--halves", action="store_true",
+                        help="also time reducescatter and allgather of the same bytes")
     parser.add_argument("--rate", default=os.environ.get("VCLUSTER_RATE"),
                         help="link rate (default: $VCLUSTER_RATE, set by scripts/vcluster.sh)")
     args = parser.parse_args()
@@ -61,6 +66,21 @@ def main() -> int:
               f"(min {min(seconds) * 1e3:.0f}); link needs {ring * 1e3:.0f} ms for ring/"
               f"Rabenseifner ({median / ring:.2f}x), {doubling * 1e3:.0f} ms for recursive "
               f"doubling", flush=True)
+    if args.halves:
+        halves = {"reducescatter": lambda i: hvd.reducescatter(x, name=f"probe.rs.{i}"),
+                  "allgather": lambda i: hvd.allgather(x[:x.numel() // p], name=f"probe.ag.{i}")}
+        for what, run in halves.items():
+            run("warm")
+            took = []
+            for i in range(args.repeats):
+                t = time.perf_counter()
+                run(i)
+                took.append(time.perf_counter() - t)
+            if hvd.rank() == 0:
+                median = statistics.median(took)
+                print(f"{what} of {args.mib:g} MiB: median {median * 1e3:.0f} ms of "
+                      f"{args.repeats}; link needs {ring / 2 * 1e3:.0f} ms on a ring "
+                      f"({median / (ring / 2):.2f}x)", flush=True)
     hvd.shutdown()
     return 0
 

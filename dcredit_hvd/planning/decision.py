@@ -39,7 +39,7 @@ BLOCK_OVERHEAD_S = {False: 25e-6, True: 60e-6}
 
 
 def decide(profile: Profile, cost: CostModel, config: SchedulerConfig, *,
-           overlap_forward: bool) -> tuple[Any, Profile, tuple]:
+           overlap_forward: bool, workers: int = 1) -> tuple[Any, Profile, tuple]:
     """``(plan, profile, search)``: D-Credit's windows, grouping and partition.
 
     The partition and the ``group_bytes`` limit the user set are kept; whichever was left
@@ -47,8 +47,18 @@ def decide(profile: Profile, cost: CostModel, config: SchedulerConfig, *,
     and grouping candidate, the per-block cost charged).  With the partition set and grouping
     left to choose, no grouping: spec §3's greedy at the user's partition, as before.
     ``search`` lists the ``(partition, seconds)`` rows tried for the winning rule and grouping.
+    Sharded (``shard=True``, ``workers`` ranks), at the fixed partition and without grouping,
+    the simulator still picks the planner rule, phase 2's windows (which the all-gathers
+    spend) and the all-gathers' order, on the sharded schedule (``best_dcredit(shard=True)``).
     """
     limits = (config.group_bytes,) if config.explicit("group_bytes") else GROUP_CANDIDATES
+    if config.shard:
+        best = simulator.best_dcredit(profile, cost, overlap_forward=overlap_forward,
+                                      cycle_s=horovod_cycle_seconds(), group_limits=(0,),
+                                      candidates=(config.partition_bytes,), shard=True,
+                                      workers=workers,
+                                      block_overhead_s=BLOCK_OVERHEAD_S[overlap_forward])
+        return best.plan, profile, best.search
     if config.explicit("partition_bytes"):
         limit = config.group_bytes if config.explicit("group_bytes") else 0
         groups = group_runs(profile.nbytes, profile.group_kinds(), limit)

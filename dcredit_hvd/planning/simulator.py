@@ -304,7 +304,10 @@ def simulate(profile: Profile, cost: CostModel, policy: str | Policy, *,
     profile = with_block_overhead(profile, layouts, block_overhead_s)
     halves = (two_halves.make_halves(label, obj, rs, ag, profile, workers or 1)
               if split else None)
-    engine = Engine(profile, cost, obj, layouts, cycle_s, fusion_bytes, halves)
+    gate = obj.scatter_rule() if split else obj      # the runtime's gate on the halves
+    if gate is not obj:
+        gate.bind(layouts)
+    engine = Engine(profile, cost, gate, layouts, cycle_s, fusion_bytes, halves)
     starts, busy, ops, last = _iterate(engine, profile, overlap_forward, warmup, iterations)
     t0 = starts[-2]
     trace = tuple(replace(o, start=o.start - t0, end=o.end - t0) for o in last.ops)

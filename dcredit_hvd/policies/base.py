@@ -48,6 +48,12 @@ class Policy(ABC):
         calls its ``on_backward_end`` before the first all-gather: it runs as phase 2)."""
         return type(self)()
 
+    def scatter_rule(self) -> Policy:
+        """This rule for the reduce-scatters when each all-reduce is split in two: ``step()``
+        waits for every one of them before the all-gathers start, so nothing is gained by
+        holding the rest back at the end of backward (``DCredit``: phase 2 drains)."""
+        return self
+
     def gathers_in_forward_order(self) -> bool:
         """Whether the sharded mode holds each all-gather until every earlier one has gone
         (``InForwardOrder``); the next forward needs layer 0's parameters first."""

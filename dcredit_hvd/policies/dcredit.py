@@ -102,8 +102,12 @@ class DCredit(Policy):
         return tuple(self.plan.groups)
 
     def gather_rule(self) -> DCredit:
-        """The same plan's phase-2 windows, in forward order, for the all-gathers."""
-        return DCredit(self.plan, overlap_forward=True)
+        """The same plan's phase 2 for the all-gathers: its windows when they overlap the next
+        forward, everything at once when ``step()`` waits for them."""
+        return DCredit(self.plan, overlap_forward=self.overlap_forward)
+
+    def scatter_rule(self) -> DCredit:
+        return DCredit(self.plan, overlap_forward=False) if self.overlap_forward else self
 
     def gathers_in_forward_order(self) -> bool:
         return self.plan.gather_order == GATHER_FORWARD

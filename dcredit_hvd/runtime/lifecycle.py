@@ -21,11 +21,13 @@ from .state import OptimizerState
 from .units import build_layouts, element_size, kind
 
 
-def phase2_overlaps(state: OptimizerState) -> bool:
-    """Whether the policy's phase 2 overlaps the next forward: with ``model=``, unless the
-    all-reduces are split in two (``shard=True``): ``step()`` then waits for every
-    reduce-scatter, and the all-gathers overlap the forward instead (``gathers.py``)."""
-    return state.overlap and not state.config.shard
+def gate_rule(state: OptimizerState) -> Policy:
+    """The rule this rank's gate runs: the policy on rank 0 (for the reduce-scatters when each
+    all-reduce is split: ``Policy.scatter_rule``, as the simulator drives it; the all-gathers
+    run the policy's gather rule, ``gathers.py``); every block at once elsewhere."""
+    if not state.is_gate:
+        return Immediate()
+    return state.policy.scatter_rule() if state.config.split else state.policy
 
 
 class PlanLifecycle:
@@ -43,14 +45,14 @@ class PlanLifecycle:
         state, config = self.state, self.state.config
         state.is_gate = state.transport.rank() == 0
         state.policy = make_policy(config.policy, config.credit_bytes,
-                                   overlap_forward=phase2_overlaps(state))
+                                   overlap_forward=state.overlap)
         state.plan = state.measured = None
         # dcredit profiles the live job first (under bytescheduler rules), then plans.
         state.profiler = (StepProfiler(config.profile_warmup, config.profile_steps)
                           if config.policy == "dcredit" else None)
         state.layouts = build_layouts(state, state.policy.partition_bytes(config.partition_bytes),
                                       self._groups())
-        gate_policy = state.policy if state.is_gate else Immediate()
+        gate_policy = gate_rule(state)
         gate_policy.bind(state.layouts)
         return gate_policy
 
@@ -128,7 +130,8 @@ class PlanLifecycle:
             profile = profiler.profile(state.order, [state.names[p] for p in state.order],
                                        [p.numel() * e for p, e in zip(state.order, sizes)],
                                        sizes, [kind(p) for p in state.order])
-            payload = planning.decide(profile, cost, state.config, overlap_forward=phase2_overlaps(state))
+            payload = planning.decide(profile, cost, state.config, overlap_forward=state.overlap,
+                                      workers=state.transport.size())
         plan, profile, search = state.transport.broadcast_object(payload, f"{state.prefix}.plan")
         self._switch(plan, profile, cost)
         log = self.instrument.on_rank0()
@@ -145,9 +148,9 @@ class PlanLifecycle:
         if state.overlap:
             self.instrument.time_layers(state.timeline is not None)
         state.policy = make_policy(state.config.policy, state.config.credit_bytes, plan,
-                                   overlap_forward=phase2_overlaps(state))
+                                   overlap_forward=state.overlap)
         state.layouts = build_layouts(state, plan.partition_bytes, plan.groups)
-        policy = state.policy if state.is_gate else Immediate()
+        policy = gate_rule(state)
         policy.bind(state.layouts)
         state.scheduler.policy = policy
         checks.check_layouts(state, "when the plan was installed")

@@ -83,8 +83,19 @@ def test_each_policy_gives_a_fresh_rule_of_its_own_kind_for_the_gathers():
     assert isinstance(DeAR().gather_rule(), DeARGather)
     p = Profile.from_lists(["a", "b"], [8, 8], [4, 4], [0.001] * 2, [0.002] * 2)
     made = plan(p, CostModel(1e-4, 1e-9), 4)
-    rule = DCredit(made).gather_rule()
-    assert isinstance(rule, DCredit) and rule.overlap_forward and rule.plan is made
+    for overlap in (True, False):        # the next forward overlaps the gathers, or step() waits
+        rule = DCredit(made, overlap_forward=overlap).gather_rule()
+        assert isinstance(rule, DCredit) and rule.overlap_forward == overlap and rule.plan is made
+
+
+def test_the_reduce_scatters_drain_phase_2_because_step_waits_for_them():
+    p = Profile.from_lists(["a", "b"], [8, 8], [4, 4], [0.001] * 2, [0.002] * 2)
+    made = plan(p, CostModel(1e-4, 1e-9), 4)
+    assert not DCredit(made, overlap_forward=True).scatter_rule().overlap_forward
+    plain = DCredit(made)
+    assert plain.scatter_rule() is plain
+    wfbp = WFBP()
+    assert wfbp.scatter_rule() is wfbp
 
 
 def test_dcredit_gathers_in_the_order_its_plan_chose():
