@@ -103,7 +103,8 @@ class SchedulerConfig:
     #: ``dcredit``: runs of consecutive gradients, each smaller than this many bytes, of one
     #: dtype and on the CPU, share one flat buffer and travel as one unit of blocks
     #: (``blocks.group_runs``, ``docs/algorithm.md`` §1b); 0: never.  Unless given, the planner
-    #: chooses it together with the partition (``planning.GROUP_CANDIDATES``).
+    #: chooses it together with the partition (``planning.GROUP_CANDIDATES``).  ``dear``:
+    #: given, DeAR's buffer size (its ``THRESHOLD``, 25 MiB unless given; ``policies/dear.py``).
     #: ``DCREDIT_GROUP_BYTES``.
     group_bytes: int = 1 << 20
     #: The sharded mode (``runtime/shards.py``): gradients are reduce-scattered, each rank

@@ -36,6 +36,7 @@ from .sidebyside import PolicyName, collective_algorithm, init_gloo_process_grou
 #: Target-cluster byte settings (Horovod 0.28, torch DDP, ByteScheduler's defaults).
 FUSION_BYTES = 128 << 20
 DDP_BUCKET_BYTES = 25 << 20
+DEAR_BUFFER_BYTES = 25 << 20      # DeAR's THRESHOLD (policies/dear.py), in the target's bytes
 PARTITION_BYTES = 4_000_000
 CREDIT_BYTES = 16_000_000
 POLICIES = "horovod,ddp,wfbp,bytescheduler,dcredit-sync,dcredit"
@@ -177,10 +178,14 @@ def make_step(policy: str, model: Any, hvd: Any, dilation: replay.Dilation,
         sizes = {} if name.base == "dcredit" else {
             "partition_bytes": dilation.scaled_bytes(PARTITION_BYTES),
             "credit_bytes": dilation.scaled_bytes(CREDIT_BYTES)}
+        if name.base == "dear":             # DeAR's 25 MiB buffers, scaled like the tensors
+            sizes = {"group_bytes": dilation.scaled_bytes(DEAR_BUFFER_BYTES)}
+        elif name.shard:                    # the sharded mode's fixed partition, scaled
+            sizes = {**sizes, "partition_bytes": dilation.scaled_bytes(PARTITION_BYTES)}
         opt = dcredit_hvd.DistributedOptimizer(
             opt, named_parameters=model.named_parameters(),
             model=model if name.overlap else None, policy=name.base, transport=name.transport,
-            **sizes)
+            shard=name.shard or None, **sizes)
 
     def step() -> None:
         opt.zero_grad()

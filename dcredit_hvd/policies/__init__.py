@@ -17,17 +17,18 @@ POLICIES = ("dcredit", "bytescheduler", "wfbp", "dear")
 
 
 def make_policy(name: str, credit_bytes: int, plan: Optional[Plan] = None, *,
-                overlap_forward: bool = False) -> Policy:
+                overlap_forward: bool = False, buffer_bytes: Optional[int] = None) -> Policy:
     """The policy object ``name`` names (``config.SchedulerConfig.policy``, validated).
 
     ``dcredit`` needs a plan; until one exists (while the job is profiled) it runs under
     ``bytescheduler`` rules with the configured credit.  ``overlap_forward``: the runtime
     overlaps the next forward pass (phase-2 windows per tensor) or not (phase 2 drains).
+    ``buffer_bytes``: DeAR's buffer size (``group_bytes`` given; None: DeAR's default).
     """
     if name == "wfbp":
         return WFBP()
     if name == "dear":
-        return DeAR()
+        return DeAR() if not buffer_bytes else DeAR(buffer_bytes)
     if name == "bytescheduler" or (name == "dcredit" and plan is None):
         return ByteScheduler(credit_bytes)
     if name == "dcredit":

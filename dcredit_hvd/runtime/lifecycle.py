@@ -45,7 +45,9 @@ class PlanLifecycle:
         state, config = self.state, self.state.config
         state.is_gate = state.transport.rank() == 0
         state.policy = make_policy(config.policy, config.credit_bytes,
-                                   overlap_forward=state.overlap)
+                                   overlap_forward=state.overlap,
+                                   buffer_bytes=(config.group_bytes if config.explicit("group_bytes")
+                                                 else None))
         state.plan = state.measured = None
         # dcredit profiles the live job first (under bytescheduler rules), then plans.
         state.profiler = (StepProfiler(config.profile_warmup, config.profile_steps)

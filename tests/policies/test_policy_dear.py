@@ -142,3 +142,9 @@ def test_dear_buffers_hold_one_kind_only():
     # dtype change and the ungroupable tensor each start a buffer of their own.
     kinds = [("cpu", 4), ("cpu", 4), ("cpu", 4), ("cpu", 2), None, ("cpu", 2)]
     assert dear_groups([100] * 6, 1 << 20, kinds) == (3, 1, 1, 1)
+
+
+def test_group_bytes_sets_dears_buffer_size():
+    from dcredit_hvd.policies import make_policy
+    assert make_policy("dear", 1).buffer_bytes == DEAR_BUFFER_BYTES
+    assert make_policy("dear", 1, buffer_bytes=1 << 20).buffer_bytes == 1 << 20
