@@ -26,12 +26,11 @@ import platform
 import resource
 import sys
 import time
-import types
 from collections.abc import Iterator
 from typing import Any, Callable
 
 from . import replay
-from .sidebyside import PolicyName, collective_algorithm, init_gloo_process_group
+from .sidebyside import PolicyName, collective_algorithm, init_gloo_process_group, kept_of
 
 #: Target-cluster byte settings (Horovod 0.28, torch DDP, ByteScheduler's defaults).
 FUSION_BYTES = 128 << 20
@@ -300,11 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     for policy in args.policies:
         step, opt = make_step(policy, fresh(), hvd, dilation, x, runner.spin)
         results["policies"][policy] = runner.run(policy, step)
-        if hasattr(opt, "apply_pending_updates"):
-            opt.apply_pending_updates()
-        kept[policy] = types.SimpleNamespace(scheduler_config=getattr(opt, "scheduler_config", None),
-                                             plan=getattr(opt, "plan", None),
-                                             measured=getattr(opt, "measured", None))
+        kept[policy] = kept_of(opt)
         results["policies"][policy]["setup"] = describe(kept[policy])
         del step, opt
         gc.collect()

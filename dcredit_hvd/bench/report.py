@@ -112,7 +112,7 @@ def simulator_check(results: dict[str, Any], optimizers: dict[str, Any],
         if policy.transport is not None and own is not None:
             row_cost = own[1]           # the -td row's own transport, fitted while it ran
         row = simulated_row(profile, row_cost, policy, optimizers[name],
-                            run["seconds_per_iteration"])
+                            run["seconds_per_iteration"], halves=True)
         if network is not None:
             row_network = network_model(row_cost, results["link"],
                                         bandwidth_optimal=policy.transport is not None)
@@ -125,8 +125,10 @@ def simulator_check(results: dict[str, Any], optimizers: dict[str, Any],
 
 
 def simulated_row(profile: Any, cost: Any, policy: PolicyName, kept: Any,
-                  measured: float) -> dict[str, Any]:
+                  measured: float, halves: bool = False) -> dict[str, Any]:
     """One policy simulated on ``profile`` and ``cost``, beside its measured seconds.
+    ``halves``: a sharded row is priced with the reduce-scatter and all-gather costs its
+    optimizer fitted live (else each is half of ``cost``, ``halves.split_cost``).
 
     Over Horovod: its 1 ms cycle and 128 MiB fusion.  The ``-td`` rows' transport issues each
     block as its own all-reduce as soon as the scheduler releases it: no cycle, no fusion."""
@@ -139,6 +141,9 @@ def simulated_row(profile: Any, cost: Any, policy: PolicyName, kept: Any,
         kwargs.update(cycle_s=0.0, fusion_bytes=0)
     if policy.shard:                     # split in halves: the runtime's step() (halves.py)
         kwargs.update(shard=True, workers=kept.workers)
+        fitted = getattr(kept, "halves", None)
+        if halves and fitted is not None:
+            kwargs.update(scatter_cost=fitted[0], gather_cost=fitted[1])
     rule: Any = policy.base
     if policy.base in ("wfbp", "bytescheduler"):
         config = kept.scheduler_config

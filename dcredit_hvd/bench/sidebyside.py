@@ -406,10 +406,12 @@ def kept_of(opt: Any) -> types.SimpleNamespace:
     ran GPT-2 small's 4 ranks out of 24 GiB."""
     if hasattr(opt, "apply_pending_updates"):
         opt.apply_pending_updates()
-    transport = getattr(getattr(opt, "_state", None), "transport", None)
+    state = getattr(opt, "_state", None)
+    transport = getattr(state, "transport", None)
     return types.SimpleNamespace(scheduler_config=getattr(opt, "scheduler_config", None),
                                  plan=getattr(opt, "plan", None),
                                  measured=getattr(opt, "measured", None),
+                                 halves=getattr(state, "halves_cost", None),
                                  workers=transport.size() if transport is not None else None)
 
 

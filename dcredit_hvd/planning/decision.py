@@ -10,7 +10,7 @@ import dataclasses
 import json
 import logging
 import os
-from typing import Any
+from typing import Any, Optional
 
 from ..config import SchedulerConfig
 from . import planner, simulator
@@ -39,7 +39,8 @@ BLOCK_OVERHEAD_S = {False: 25e-6, True: 60e-6}
 
 
 def decide(profile: Profile, cost: CostModel, config: SchedulerConfig, *,
-           overlap_forward: bool, workers: int = 1) -> tuple[Any, Profile, tuple]:
+           overlap_forward: bool, workers: int = 1,
+           halves: Optional[tuple[CostModel, CostModel]] = None) -> tuple[Any, Profile, tuple]:
     """``(plan, profile, search)``: D-Credit's windows, grouping and partition.
 
     The partition and the ``group_bytes`` limit the user set are kept; whichever was left
@@ -49,7 +50,8 @@ def decide(profile: Profile, cost: CostModel, config: SchedulerConfig, *,
     ``search`` lists the ``(partition, seconds)`` rows tried for the winning rule and grouping.
     Sharded (``shard=True``, ``workers`` ranks), at the fixed partition and without grouping,
     the simulator still picks the planner rule, phase 2's windows (which the all-gathers
-    spend) and the all-gathers' order, on the sharded schedule (``best_dcredit(shard=True)``).
+    spend) and the all-gathers' order, on the sharded schedule (``best_dcredit(shard=True)``),
+    priced with ``halves``: the reduce-scatter's and the all-gather's costs fitted live.
     """
     limits = (config.group_bytes,) if config.explicit("group_bytes") else GROUP_CANDIDATES
     if config.shard:
@@ -57,6 +59,8 @@ def decide(profile: Profile, cost: CostModel, config: SchedulerConfig, *,
                                       cycle_s=horovod_cycle_seconds(), group_limits=(0,),
                                       candidates=(config.partition_bytes,), shard=True,
                                       workers=workers,
+                                      scatter_cost=halves[0] if halves else None,
+                                      gather_cost=halves[1] if halves else None,
                                       block_overhead_s=BLOCK_OVERHEAD_S[overlap_forward])
         return best.plan, profile, best.search
     if config.explicit("partition_bytes"):

@@ -130,17 +130,38 @@ class StepProfiler:
         return Profile.from_lists(names, nbytes, element_size, t_f, t_b, kinds=kinds)
 
 
+#: The collectives a cost model can be fitted for: the all-reduce and its two halves.
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
+
+
 def measure_cost_model(max_bytes: int, transport: Transport, reps: int = 3,
                        sizes: Sequence[int] = COST_SIZES, device: Any = "cpu",
-                       prefix: str = "dcredit.costmodel",
+                       prefix: str = "dcredit.costmodel", collective: str = "all_reduce",
                        ) -> tuple[CostModel, list[tuple[int, float]]]:
-    """Fit ``T(bytes) = a + b*bytes`` from all-reduces timed on the live communicator.
+    """Fit ``T(bytes) = a + b*bytes`` from collectives timed on the live communicator:
+    all-reduces, or one of their halves (``collective``; ``bytes`` is the whole vector's, as a
+    block's, for every one of them: the simulator prices blocks by their size).
 
     Collective: every rank of ``transport``'s group must call it at the same point; its collectives
     are named under ``prefix`` (one per optimizer: several may be in flight).  Returns rank 0's
     fit and rank 0's ``(bytes, median seconds)`` samples, broadcast to every rank.
     """
     import torch
+
+    from ..transports.shards import shard_bounds
+
+    if collective not in COLLECTIVES:
+        raise ValueError(f"measure_cost_model: collective {collective!r}, not one of {COLLECTIVES}")
+
+    def run(tensor: Any, name: str) -> None:
+        if collective == "reduce_scatter":
+            handle = transport.reduce_scatter(tensor, name, transport.average)
+        elif collective == "all_gather":
+            a, b = shard_bounds(tensor.numel(), transport.size(), transport.rank())
+            handle = transport.all_gather(tensor[a:b], name, tensor.numel())
+        else:
+            handle = transport.submit(tensor, name, transport.average)
+        transport.wait(handle)
 
     chosen = [s for s in sizes if s <= max(max_bytes, 4 * sizes[0])]
     if len(chosen) < 2:
@@ -151,7 +172,7 @@ def measure_cost_model(max_bytes: int, transport: Transport, reps: int = 3,
         times = []
         for rep in range(reps + 1):                  # the first is a warm-up (negotiation, cache)
             start = time.perf_counter()
-            transport.wait(transport.submit(tensor, f"{prefix}.{size}", transport.average))
+            run(tensor, f"{prefix}.{size}")
             if rep:
                 times.append(time.perf_counter() - start)
         samples.append((size, statistics.median(times)))

@@ -395,7 +395,8 @@ def best_dcredit(profile: Profile, cost: CostModel, *,
                  phase2_rules: Sequence[str] = DEFAULT_PHASE2_RULES,
                  group_limits: Sequence[int] = (0,),
                  block_overhead_s: float = 0.0, shard: bool = False,
-                 workers: int | None = None) -> SimResult:
+                 workers: int | None = None, scatter_cost: CostModel | None = None,
+                 gather_cost: CostModel | None = None) -> SimResult:
     """D-Credit with the grouping, partition size and planner rule chosen by simulation.
 
     Every ``group_limits`` entry forms units (``blocks.group_runs``: runs of consecutive small
@@ -418,8 +419,9 @@ def best_dcredit(profile: Profile, cost: CostModel, *,
     Without overlap ``phase2_rules`` is ignored (phase 2 drains at once).
 
     ``shard=True`` searches the sharded mode (``simulate(shard=True)``): plans are made on the
-    reduce-scatter's cost (``halves.split_cost``), the half that phase 1 sends, and every
-    rule is tried with each order of the all-gathers (``Plan.gather_order``).
+    reduce-scatter's cost (``scatter_cost``, fitted live by the runtime; else
+    ``halves.split_cost``), the half that phase 1 sends, and every rule is tried with each order
+    of the all-gathers (``Plan.gather_order``).
     """
     if not rules:
         raise ValueError("best_dcredit: no planner rules given")
@@ -432,7 +434,8 @@ def best_dcredit(profile: Profile, cost: CostModel, *,
         raise ValueError("best_dcredit: no group limits given (0 means no grouping)")
     sim = {"overlap_forward": overlap_forward, "cycle_s": cycle_s, "fusion_bytes": fusion_bytes,
            "warmup": warmup, "iterations": iterations, "block_overhead_s": block_overhead_s,
-           "shard": shard, "workers": workers}
+           "shard": shard, "workers": workers, "scatter_cost": scatter_cost,
+           "gather_cost": gather_cost}
     best: SimResult | None = None
     every: list[tuple[str, int, float]] = []
     crossed = [{**options, **({} if p2 is None else {"phase2": p2})}
@@ -471,7 +474,8 @@ def _best_partition(profile: Profile, units: Profile, grouping: Mapping[str, Any
     cache: dict[int, SimResult] = {}
     same: dict[tuple[tuple[int, int], ...], SimResult] = {}
 
-    plan_cost = two_halves.split_cost(cost)[0] if sim.get("shard") else cost
+    plan_cost = (sim.get("scatter_cost") or two_halves.split_cost(cost)[0]) if sim.get("shard") \
+        else cost
 
     def run(size: int) -> SimResult:
         made = replace(plan(units, plan_cost, size, **options), **grouping)

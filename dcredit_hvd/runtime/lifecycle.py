@@ -123,9 +123,14 @@ class PlanLifecycle:
         # Time the path the blocks take: CUDA tensors when the transport reduces them itself.
         device = (state.order[0].device if state.cuda is not None and state.cuda.direct
                   else torch.device("cpu"))
-        cost, samples = measure_cost_model(sum(t.nbytes for t in state.layouts),
-                                           state.transport, device=device,
+        total = sum(t.nbytes for t in state.layouts)
+        cost, samples = measure_cost_model(total, state.transport, device=device,
                                            prefix=f"{state.prefix}.costmodel")
+        if state.config.shard:        # the sharded plan is priced on the halves themselves
+            state.halves_cost = tuple(measure_cost_model(
+                total, state.transport, device=device, collective=what,
+                prefix=f"{state.prefix}.costmodel.{what}")[0]
+                for what in ("reduce_scatter", "all_gather"))
         payload = None
         if state.is_gate:
             sizes = [element_size(state, p) for p in state.order]
@@ -133,12 +138,15 @@ class PlanLifecycle:
                                        [p.numel() * e for p, e in zip(state.order, sizes)],
                                        sizes, [kind(p) for p in state.order])
             payload = planning.decide(profile, cost, state.config, overlap_forward=state.overlap,
-                                      workers=state.transport.size())
+                                      workers=state.transport.size(), halves=state.halves_cost)
         plan, profile, search = state.transport.broadcast_object(payload, f"{state.prefix}.plan")
         self._switch(plan, profile, cost)
         log = self.instrument.on_rank0()
         if log is not None:
             planning.log(log, cost, samples, profile, plan, search, time.perf_counter() - started)
+            for what, fit in zip(("reduce-scatter", "all-gather"), state.halves_cost or ()):
+                log.info("cost model of the %s: T(bytes) = max(%.3g s, %.3g s + %.3g s/B * bytes)",
+                         what, fit.floor, fit.a, fit.b)
             if state.config.profile_out:
                 planning.write(state.config.profile_out, cost, samples, profile, plan, search)
 

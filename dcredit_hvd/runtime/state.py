@@ -85,6 +85,7 @@ class OptimizerState:
     policy: Optional[Policy] = None        # the configured (or planned) policy
     plan: Any = None                       # planner.Plan in force
     measured: Any = None                   # (Profile, CostModel) it was made from
+    halves_cost: Any = None                # shard=True: (reduce-scatter, all-gather) CostModels
     profiler: Optional[StepProfiler] = None
     forward_order_applied: bool = False
     drift: Optional[DriftDetector] = None

@@ -30,8 +30,7 @@ def reference(make_opt, steps=5, **kwargs):
     return train(model, opt, steps)
 
 
-@pytest.mark.parametrize("with_model", [True, False], ids=["model", "no-model"])
-@pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("opt_name, with_model", [("sgd_momentum", True), ("adam", False)])
 def test_dear_weights_match_plain_horovod(opt_name, with_model):
     expected = reference(OPTIMIZERS[opt_name])
     model = make_model()

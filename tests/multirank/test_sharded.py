@@ -73,6 +73,10 @@ def test_sharded_all_gathers_overlapping_the_next_forward_match_plain_horovod(po
     assert_all_ranks(params_close(got, expected),
                      f"{policy}/{opt_name}: max relative difference {max_rel_diff(got, expected)}")
     assert_all_ranks(in_flight[-1], f"step() waited for its all-gathers: {in_flight}")
+    if policy == "dcredit":      # the plan was priced on both halves, fitted live
+        fitted = opt._state.halves_cost
+        assert_all_ranks(fitted is not None and all(c.time(1 << 16) > 0 for c in fitted),
+                         f"reduce-scatter and all-gather costs not fitted: {fitted}")
 
 
 def test_a_read_outside_the_forward_sees_the_gathered_parameters():
