@@ -54,7 +54,7 @@ class Piece:
     index: int                     # the parameter's position in the optimizer's groups
     start: int
     stop: int
-    tensor: torch.Tensor           # updated by the inner optimizer, then all-gathered
+    tensor: torch.Tensor           # a view of the slice: updated in place, then all-gathered
 
 
 def check_optimizer(cls: type) -> None:
@@ -114,8 +114,9 @@ class ShardedUpdate:
         for p, block, start, stop in self._slices():
             key = (self._position[p], block.start)
             if stop > start and key not in self.pieces:
-                flat = p.detach().view(-1)[start:stop]
-                self.pieces[key] = Piece(p, key[0], start, stop, flat.clone())
+                # A view of the parameter's slice: the update lands in the parameter (and in
+                # what the all-gather sends) without a copy, and a loaded parameter is seen.
+                self.pieces[key] = Piece(p, key[0], start, stop, _slice(p, start, stop))
         groups = []
         for group in self._opt.param_groups:
             owned = {self._position[p] for p in group["params"]}
@@ -143,7 +144,7 @@ class ShardedUpdate:
             for layout in state.layouts:
                 (p,) = state.members[layout.index]
                 p.grad.zero_()
-            bad = torch.zeros(1, dtype=torch.float64)
+            total = torch.zeros((), dtype=torch.float64)
             for key, piece in self.pieces.items():
                 output = self.reduced.pop(key, None)
                 if output is None:
@@ -152,7 +153,9 @@ class ShardedUpdate:
                 mine = piece.param.grad.view(-1)[piece.start:piece.stop]
                 mine.copy_(output.view(-1))
                 piece.tensor.grad = mine
-                bad += (~torch.isfinite(mine)).sum()
+                total += mine.sum(dtype=torch.float64)   # an inf or a NaN stays one
+            # One pass per slice: a float64 sum of float32/16 values cannot overflow.
+            bad = (~torch.isfinite(total)).double().reshape(1)
             if float(self._reduce_scalar(bad, "sum", "nonfinite")) and state.layouts:
                 (first,) = state.members[state.layouts[0].index]
                 first.grad.view(-1)[0] = float("nan")
@@ -169,9 +172,10 @@ class ShardedUpdate:
         for mine, group in zip(self.inner.param_groups, self._opt.param_groups):
             mine.update({k: v for k, v in group.items() if k != "params"})
         with torch.no_grad():
-            for piece in self.pieces.values():      # the parameter may have been loaded since
-                piece.tensor.copy_(piece.param.detach().view(-1)[piece.start:piece.stop])
-        self.inner.step()
+            for piece in self.pieces.values():      # ``p.data = ...`` since: view the new one
+                if piece.tensor.data_ptr() != _slice(piece).data_ptr():
+                    piece.tensor.set_(_slice(piece))
+        self.inner.step()                           # on views of the parameters' slices
         gathers = self._state.gathers
         unguarded = gathers.start(self._gather_units())
         if not overlap:
@@ -300,6 +304,13 @@ class ShardedUpdate:
                             for k, v in src.items()}
         loaded["state"] = state
         self.inner.load_state_dict(loaded)
+
+
+def _slice(p: Any, start: int = 0, stop: int = 0) -> torch.Tensor:
+    """The slice ``[start, stop)`` of ``p``'s flat view (of ``p.param`` for a ``Piece``)."""
+    if isinstance(p, Piece):
+        p, start, stop = p.param, p.start, p.stop
+    return p.detach().view(-1)[start:stop]
 
 
 def _land(p: torch.Tensor, block: Block, full: torch.Tensor) -> None:

@@ -194,3 +194,19 @@ def test_sharding_refuses_compression():
         dcredit_hvd.DistributedOptimizer(SHARDABLE["adam"](model.parameters()),
                                          named_parameters=model.named_parameters(), shard=True,
                                          compression=hvd.Compression.fp16)
+
+
+def test_a_parameter_given_new_storage_between_steps_is_still_updated():
+    """``p.data = ...`` between steps (some checkpoint loaders do it): the slices the sharded
+    optimizer updates follow the parameter's new storage."""
+    def rebind():
+        for p in model.parameters():
+            p.data = p.data.clone()
+
+    expected, _ = reference(SHARDABLE["adam"], steps=4)
+    model = make_model()
+    opt = dcredit_hvd.DistributedOptimizer(SHARDABLE["adam"](model.parameters()),
+                                           named_parameters=model.named_parameters(),
+                                           shard=True, policy="bytescheduler", **UNEVEN)
+    got = train(model, opt, 4, after_step=rebind)
+    assert_all_ranks(params_close(got, expected), f"max rel diff {max_rel_diff(got, expected)}")
