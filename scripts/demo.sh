@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The main job (`make demo`): real 2-host trainings on a virtual cluster (scripts/vcluster.sh:
 # 2 hosts, each NIC 1 Gbit/s full duplex), every policy one after another in the same launch
-# (dcredit on Horovod and, as dcredit-td, on torch.distributed beside DDP, and dcredit-shard:
-# shard=True, with the optimizer state per rank printed under the table; add dcredit-sync
-# with DEMO_POLICIES for the run without model=),
+# (dcredit on Horovod and, as dcredit-td, on torch.distributed beside DDP; dear, the paper's
+# DeAR baseline; and dcredit-shard: shard=True, with the optimizer state per rank printed under
+# the table; add dcredit-sync or dcredit-shard-sync with DEMO_POLICIES for runs without model=),
 # each ending with a table of time per iteration, speed-up over plain Horovod and DDP, ratio to
 # the lower bound and the simulator's error. Two models: a VGG-16-shaped CNN (9.4 M parameters,
 # a few large tensors) and a 4-layer GPT-style transformer (4.2 M parameters in 52 tensors, most
@@ -21,7 +21,7 @@ VENV=${VENV:-$PWD/.venv}
 export PATH=$VENV/bin:$PATH OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export DCREDIT_LOG_LEVEL=${DCREDIT_LOG_LEVEL:-INFO}
 RATE=${DEMO_RATE:-1gbit}
-POLICIES=${DEMO_POLICIES:-horovod,ddp,wfbp,bytescheduler,dcredit,dcredit-td,dcredit-shard}
+POLICIES=${DEMO_POLICIES:-horovod,ddp,wfbp,bytescheduler,dear,dcredit,dcredit-td,dcredit-shard}
 mkdir -p results
 
 launch() {  # launch NAME BENCH-ARGS...
