@@ -34,13 +34,14 @@ def reference(make_opt, steps=5, **kwargs):
     return train(model, opt, steps), opt
 
 
-def sharded(make_opt, steps=5, policy="bytescheduler", **kwargs):
+def sharded(make_opt, steps=5, policy="bytescheduler", hooks=None, **kwargs):
+    """``hooks(model, opt)``: ``train``'s ``before_step`` / ``after_step`` for this run."""
     model = make_model()
     opt = dcredit_hvd.DistributedOptimizer(make_opt(model.parameters()),
                                            named_parameters=model.named_parameters(),
                                            shard=True, policy=policy, **UNEVEN,
                                            **(PROFILE if policy == "dcredit" else {}), **kwargs)
-    return train(model, opt, steps), opt, model
+    return train(model, opt, steps, **(hooks(model, opt) if hooks else {})), opt, model
 
 
 def state_bytes(opt) -> int:
@@ -130,11 +131,8 @@ def test_sharded_clipping_uses_the_global_norm():
     opt = hvd.DistributedOptimizer(SHARDABLE["sgd_momentum"](model.parameters()),
                                    named_parameters=model.named_parameters())
     expected = train(model, opt, 4, before_step=clip_reference)
-    model = make_model()
-    opt = dcredit_hvd.DistributedOptimizer(SHARDABLE["sgd_momentum"](model.parameters()),
-                                           named_parameters=model.named_parameters(),
-                                           shard=True, policy="bytescheduler", **UNEVEN)
-    got = train(model, opt, 4, before_step=clip_sharded)
+    got, _, _ = sharded(SHARDABLE["sgd_momentum"], 4,
+                        hooks=lambda model, opt: {"before_step": clip_sharded})
     assert_all_ranks(params_close(got, expected), f"max rel diff {max_rel_diff(got, expected)}")
 
 
@@ -199,14 +197,11 @@ def test_sharding_refuses_compression():
 def test_a_parameter_given_new_storage_between_steps_is_still_updated():
     """``p.data = ...`` between steps (some checkpoint loaders do it): the slices the sharded
     optimizer updates follow the parameter's new storage."""
-    def rebind():
+    def rebind(model):
         for p in model.parameters():
             p.data = p.data.clone()
 
     expected, _ = reference(SHARDABLE["adam"], steps=4)
-    model = make_model()
-    opt = dcredit_hvd.DistributedOptimizer(SHARDABLE["adam"](model.parameters()),
-                                           named_parameters=model.named_parameters(),
-                                           shard=True, policy="bytescheduler", **UNEVEN)
-    got = train(model, opt, 4, after_step=rebind)
+    got, _, _ = sharded(SHARDABLE["adam"], 4,
+                        hooks=lambda model, opt: {"after_step": lambda: rebind(model)})
     assert_all_ranks(params_close(got, expected), f"max rel diff {max_rel_diff(got, expected)}")
