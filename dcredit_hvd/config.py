@@ -109,8 +109,9 @@ class SchedulerConfig:
     group_bytes: int = 1 << 20
     #: The sharded mode (``runtime/shards.py``): gradients are reduce-scattered, each rank
     #: updates and keeps optimizer state for its ``1/N`` of every block, the parameters are
-    #: all-gathered in ``step()``.  Keeps the partition fixed and groups nothing (a slice must
-    #: stay the same range of the same parameter).  ``DCREDIT_SHARD`` (1/0).
+    #: all-gathered (in the next forward with ``model=``, else in ``step()``; ``gathers.py``).
+    #: Keeps the partition fixed and groups nothing (a slice must stay the same range of the
+    #: same parameter).  ``DCREDIT_SHARD`` (1/0).
     shard: bool = False
     #: Bytes in flight allowed by ``bytescheduler``.  ``DCREDIT_CREDIT_BYTES``.
     #: ByteScheduler's default, 4M float32 elements.
@@ -217,7 +218,7 @@ class SchedulerConfig:
         config.sources = sources
         config.liveness_settings()                 # the rule between the liveness fields
         if config.shard:
-            config._fix_units_for_shards()
+            config._check_shard()
         return config
 
     @property
@@ -226,9 +227,10 @@ class SchedulerConfig:
         ``shard=True``: ``runtime/gathers.py``)."""
         return self.shard or self.policy == "dear"
 
-    def _fix_units_for_shards(self) -> None:
-        """A slice of the sharded mode is a range of one parameter for the whole run: no
-        grouping, and a partition the planner keeps (``runtime/shards.py``)."""
+    def _check_shard(self) -> None:
+        """``shard=True`` is for policies other than ``dear``, and a slice is a range of one
+        parameter for the whole run: no grouping, and a partition the planner keeps
+        (``runtime/shards.py``)."""
         if self.policy == "dear":
             raise ValueError("shard=True with policy='dear': DeAR, as its authors ran it, "
                              "all-gathers reduced gradients into fused buffers and every rank "

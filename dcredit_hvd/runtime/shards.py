@@ -173,8 +173,9 @@ class ShardedUpdate:
             mine.update({k: v for k, v in group.items() if k != "params"})
         with torch.no_grad():
             for piece in self.pieces.values():      # ``p.data = ...`` since: view the new one
-                if piece.tensor.data_ptr() != _slice(piece).data_ptr():
-                    piece.tensor.set_(_slice(piece))
+                now = _slice(piece.param, piece.start, piece.stop)
+                if piece.tensor.data_ptr() != now.data_ptr():
+                    piece.tensor.set_(now)
         self.inner.step()                           # on views of the parameters' slices
         gathers = self._state.gathers
         unguarded = gathers.start(self._gather_units())
@@ -186,11 +187,9 @@ class ShardedUpdate:
         """Per unit (one parameter), every block's updated slice and where the whole block
         lands: the all-gathers that put the parameters back together."""
         units: dict[int, tuple[int, list[Gather], list[torch.Tensor]]] = {}
-        for p, block, start, stop in self._slices():
-            piece = self.pieces.get((self._position[p], block.start))
-            mine = piece.tensor.detach() if piece is not None else p.detach().view(-1)[start:stop]
+        for p, block, start, stop in self._slices():   # a piece is a view of the same slice
             unit = units.setdefault(block.tensor, (block.tensor, [], [p]))
-            unit[1].append(Gather(block, mine, functools.partial(_land, p, block)))
+            unit[1].append(Gather(block, _slice(p, start, stop), functools.partial(_land, p, block)))
         return list(units.values())
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
@@ -306,10 +305,8 @@ class ShardedUpdate:
         self.inner.load_state_dict(loaded)
 
 
-def _slice(p: Any, start: int = 0, stop: int = 0) -> torch.Tensor:
-    """The slice ``[start, stop)`` of ``p``'s flat view (of ``p.param`` for a ``Piece``)."""
-    if isinstance(p, Piece):
-        p, start, stop = p.param, p.start, p.stop
+def _slice(p: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    """The slice ``[start, stop)`` of ``p``'s flat view (shares ``p``'s storage)."""
     return p.detach().view(-1)[start:stop]
 
 
