@@ -16,8 +16,10 @@ The rule runs as phase 2 from the start (``on_backward_end`` before the first bl
 next forward is what the all-gathers overlap.  With ``model=``, the parameters a unit's
 all-gathers write stay held by the read guard (``readguard.py``) until the last of them lands;
 any read of one waits for exactly its own unit, so layer 0 can run while the last layers'
-parameters are still on the wire.  Without ``model=``, ``drain`` waits for them all in
-``step()`` (or ``synchronize()``).
+parameters are still on the wire.  They are held for their values only: ``.grad`` is reached
+at once, so the loop's ``zero_grad()`` before the next forward does not wait for every
+all-gather (it did, and cost the sharded mode its overlap).  Without ``model=``, ``drain``
+waits for them all in ``step()`` (or ``synchronize()``).
 """
 from __future__ import annotations
 
@@ -135,7 +137,7 @@ class Gathers:
         with self._cond:
             for _, _, params in units:
                 if guard is not None and params:
-                    refused += guard.hold(params)
+                    refused += guard.hold(params, values_only=True)
                     self._held.update((id(p), p) for p in params)
         self.scheduler.start_iteration()
         self.scheduler.end_backward()              # phase 2 from the first all-gather

@@ -17,7 +17,9 @@ tensor's values (``F.linear``, ``p.t()``, ``p.data``, ``p.detach()``, ``torch.ca
 so the first read of each parameter, and only a read of a parameter that is still owed, pays
 the wait; the class is switched back the moment the update is applied, and later reads run at
 full speed.  Reads of metadata only (shape, dtype, device, ...) never wait.  The thread that
-applies the updates reads without waiting (``applying()``).
+applies the updates reads without waiting (``applying()``).  A parameter held for its values
+only (its all-gathered shards landing, ``gathers.py``: its update is done) does not make
+``.grad`` wait.
 
 The same mechanism observes, in the first forward pass, the order in which forward first reads
 each parameter: the priority order of spec §2 ("the order in which forward first uses them").
@@ -51,6 +53,10 @@ _METADATA = frozenset(
         "size", "dim", "numel", "element_size", "is_contiguous", "stride", "is_complex",
         "is_floating_point", "get_device", "nelement", "ndimension", "storage_offset")
        if hasattr(_BASE, name)])
+
+#: Access to ``.grad`` (read, set, delete): it waits for an owed update (the update reads the
+#: gradient), not for values landing in the parameter (``hold(values_only=True)``).
+_GRAD = frozenset([_BASE.grad.__get__, _BASE.grad.__set__, _BASE.grad.__delete__])
 
 
 def _tensors(obj: Any, out: list) -> list:
@@ -88,6 +94,7 @@ class ReadGuard:
     def __init__(self, wait: Callable[[list[torch.Tensor]], None]) -> None:
         self._wait = wait
         self._held: dict[int, torch.Tensor] = {}       # id -> parameter whose update is owed
+        self._values_only: set[int] = set()            # held for their values, not .grad
         self._observed: dict[int, torch.Tensor] = {}   # id -> parameter whose first read is awaited
         self._original: dict[int, type] = {}           # id -> the class it had before
         self._classes: dict[type, type] = {}           # original class -> its guard class
@@ -97,8 +104,12 @@ class ReadGuard:
         self._first_reads: list[torch.Tensor] = []
 
     # -- owed updates ----------------------------------------------------------------------
-    def hold(self, params: Iterable[torch.Tensor]) -> list[torch.Tensor]:
-        """Guard ``params`` until ``release``; returns those that cannot be guarded."""
+    def hold(self, params: Iterable[torch.Tensor], values_only: bool = False) -> list[torch.Tensor]:
+        """Guard ``params`` until ``release``; returns those that cannot be guarded.
+
+        ``values_only``: only the parameters' values are owed (all-gathered shards landing,
+        ``gathers.py``), their gradients are not read any more, so ``.grad`` is reached without
+        waiting: ``zero_grad()`` before the next forward must not wait for every all-gather."""
         refused = []
         with self._lock:
             for p in params:
@@ -106,6 +117,10 @@ class ReadGuard:
                     refused.append(p)
                     continue
                 self._held[id(p)] = p
+                if values_only:
+                    self._values_only.add(id(p))
+                else:
+                    self._values_only.discard(id(p))
                 self._switch(p)
         return refused
 
@@ -114,6 +129,7 @@ class ReadGuard:
         with self._lock:
             for p in params:
                 if self._held.pop(id(p), None) is not None:
+                    self._values_only.discard(id(p))
                     self._restore_if_free(p)
 
     def release_all(self) -> None:
@@ -121,6 +137,7 @@ class ReadGuard:
             for p in list(self._held.values()):
                 del self._held[id(p)]
                 self._restore_if_free(p)
+            self._values_only.clear()
 
     def held(self, p: torch.Tensor) -> bool:
         return id(p) in self._held
@@ -166,7 +183,7 @@ class ReadGuard:
         # never inside the model's forward.
         if func in _METADATA or getattr(self._local, "applying", False):
             return
-        owed = []
+        owed, grad = [], func in _GRAD
         for t in _tensors(args, _tensors(kwargs, []) if kwargs else []):
             key = id(t)
             if key in self._observed and self._forward_thread == threading.get_ident():
@@ -174,7 +191,7 @@ class ReadGuard:
                     if self._observed.pop(key, None) is not None:
                         self._first_reads.append(t)
                         self._restore_if_free(t)
-            if key in self._held:
+            if key in self._held and not (grad and key in self._values_only):
                 owed.append(t)
         if owed:
             self._wait(owed)

@@ -172,3 +172,35 @@ def test_the_updater_holds_parameters_from_step_until_their_update():
     assert (params[1] * 1).tolist() == [0.5, 0.5]  # the read waited for the update
     assert params[0].tolist() == [0.5, 0.5]
     assert not guard.held(params[1]) and updater.owed == 0
+
+
+def test_a_parameter_held_for_its_values_only_reaches_its_gradient_without_waiting():
+    # The sharded all-gathers hold parameters for their values: zero_grad() (or any .grad
+    # access) before the next forward must not wait for every all-gather to land.
+    p = nn.Parameter(torch.zeros(2))
+    p.grad = torch.ones(2)
+    gate = _Gate()
+    guard = ReadGuard(gate)
+    guard.hold([p], values_only=True)
+    assert p.grad.tolist() == [1.0, 1.0]
+    p.grad = None
+    p.grad = torch.full((2,), 3.0)
+    del p.grad
+    torch.optim.SGD([p], lr=0.1).zero_grad()
+    assert gate.calls == [] and guard.held(p)
+    gate.opened.set()
+    assert (p + 1).tolist() == [1.0, 1.0]            # a read of its values still waits
+    assert len(gate.calls) == 1
+
+
+def test_an_owed_update_still_makes_gradient_access_wait():
+    # Held for its update (the update reads p.grad): zeroing the gradient first would lose it.
+    p = nn.Parameter(torch.zeros(2))
+    p.grad = torch.ones(2)
+    gate = _Gate()
+    gate.opened.set()
+    guard = ReadGuard(gate)
+    guard.hold([p], values_only=True)
+    guard.hold([p])                                  # a full hold supersedes values_only
+    assert p.grad.tolist() == [1.0, 1.0]
+    assert len(gate.calls) == 1
