@@ -45,7 +45,9 @@ def predictions(profile: Profile, hosts: int, dilation: replay.Dilation,
     one-element all-reduce less half a cycle (the simulator waits for the next cycle itself);
     both are kept in the JSON.  The ``-td`` rows (``torch.distributed``) have no cycle and no
     fusion (each block its own all-reduce at once) and their own live fit's ``a`` and floor
-    when they made one."""
+    when they made one.  The sharded rows are simulated on the two halves
+    (``simulate(shard=True)``), with the reduce-scatter's and all-gather's costs their
+    optimizer fitted live."""
     from ..policies.dcredit import DCredit
 
     emulated = replay.emulated_profile(profile, dilation)
@@ -77,6 +79,11 @@ def predictions(profile: Profile, hosts: int, dilation: replay.Dilation,
             own = getattr(kept.get(name), "measured", None)
             if own:
                 row_cost = replace(own[1], b=cost.b)
+        if parsed.shard:                # the halves, as the runtime's step() runs them
+            kwargs.update(shard=True, workers=hosts)
+            fitted = getattr(kept.get(name), "halves", None)
+            if fitted is not None:      # fitted live on the emulated link, like ``a``
+                kwargs.update(scatter_cost=fitted[0], gather_cost=fitted[1])
         policy: Any = base
         config = getattr(kept.get(name), "scheduler_config", None)
         if base in ("wfbp", "bytescheduler") and config is not None:

@@ -352,6 +352,45 @@ def test_report_simulates_with_the_live_fits_floor(monkeypatch) -> None:
     assert floored > line * 1.05
 
 
+def test_report_simulates_sharded_rows_on_the_halves_with_their_fitted_costs(monkeypatch) -> None:
+    """A ``-shard`` row is predicted as the runtime runs it (reduce-scatters, the step's
+    barrier, all-gathers; ``simulate(shard=True)``) with the halves its optimizer fitted, not
+    as the unsharded policy."""
+    import types
+
+    from dcredit_hvd.bench import emulate_report
+    from dcredit_hvd.planning import simulator
+    from dcredit_hvd.planning.costmodel import CostModel
+
+    monkeypatch.setenv("HOROVOD_CYCLE_TIME", "4")
+    monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", str(5 << 20))
+    profile, _ = replay.load(replay.shipped("vgg16"))
+    d = Dilation.for_cluster("10gbit", "100mbit", byte_scale=25)
+    sizes = types.SimpleNamespace(partition_bytes=160_000, credit_bytes=640_000)
+    emulated = replay.emulated_profile(profile, d)
+    b = emulate_report.link_need(emulated.total_bytes, 8, "100000000bit")["seconds"] \
+        / emulated.total_bytes
+    fitted = CostModel(a=0.001, b=1e-9)
+    halves = (CostModel(a=0.002, b=0.8 * b), CostModel(a=0.003, b=0.9 * b))   # Gloo's, slower
+    results = fake_results(profile, d, 8, {"compute": 780.0, "communication": 800.0,
+                                           "wfbp": 900.0, "wfbp-shard-sync": 950.0})
+    kept = {name: types.SimpleNamespace(scheduler_config=sizes, plan=None, halves=halves,
+                                        measured=(None, fitted))
+            for name in ("wfbp", "wfbp-shard-sync")}
+    emulate_report.analyse(results, profile, d, kept=kept)
+    common = {"partition_bytes": 160_000, "credit_bytes": 640_000, "cycle_s": 0.004,
+              "fusion_bytes": 5 << 20}
+    sharded = simulator.simulate(emulated, CostModel(a=0.001, b=b), "wfbp", shard=True,
+                                 workers=8, scatter_cost=halves[0], gather_cost=halves[1],
+                                 overlap_forward=False, **common).iteration_s
+    plain = simulator.simulate(emulated, CostModel(a=0.001, b=b), "wfbp", overlap_forward=True,
+                               **common).iteration_s
+    rows = results["policies"]
+    assert rows["wfbp-shard-sync"]["simulated_ms"] == pytest.approx(d.cluster(sharded) * 1e3)
+    assert rows["wfbp"]["simulated_ms"] == pytest.approx(d.cluster(plain) * 1e3)
+    assert sharded > plain * 1.05
+
+
 def test_grid_summary_names_the_best_baseline_and_each_missed_target() -> None:
     import importlib.util
 
