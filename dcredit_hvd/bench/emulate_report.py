@@ -10,6 +10,7 @@ from ..planning import simulator
 from ..planning.costmodel import CostModel
 from ..planning.profile import Profile
 from . import replay
+from .report import dear_policy
 from .sidebyside import PolicyName, link_need
 
 BASELINE_ORDER = ("horovod", "ddp", "wfbp", "bytescheduler")
@@ -88,6 +89,8 @@ def predictions(profile: Profile, hosts: int, dilation: replay.Dilation,
         config = getattr(kept.get(name), "scheduler_config", None)
         if base in ("wfbp", "bytescheduler") and config is not None:
             kwargs.update(partition_bytes=config.partition_bytes, credit_bytes=config.credit_bytes)
+        elif base == "dear" and config is not None:
+            policy = dear_policy(config)
         elif base == "dcredit":
             made = getattr(kept.get(name), "plan", None)
             if made is None:

@@ -148,11 +148,22 @@ def simulated_row(profile: Any, cost: Any, policy: PolicyName, kept: Any,
     if policy.base in ("wfbp", "bytescheduler"):
         config = kept.scheduler_config
         kwargs.update(partition_bytes=config.partition_bytes, credit_bytes=config.credit_bytes)
+    elif policy.base == "dear" and kept.scheduler_config is not None:
+        rule = dear_policy(kept.scheduler_config)
     elif policy.base == "dcredit":       # a fresh policy each time: simulate() binds it
         rule = DCredit(kept.plan, overlap_forward=policy.overlap)
     predicted = simulator.simulate(profile, cost, rule, **kwargs).iteration_s
     return {"predicted": predicted, "measured": measured,
             "error_percent": 100.0 * (predicted - measured) / measured}
+
+
+def dear_policy(config: Any) -> Any:
+    """DeAR with the buffer size its run used (``group_bytes`` when given: the emulated
+    cluster scales it like the tensors), as ``lifecycle.start_schedule`` builds it."""
+    from dcredit_hvd.policies import make_policy
+
+    return make_policy("dear", config.credit_bytes, buffer_bytes=(
+        config.group_bytes if config.explicit("group_bytes") else None))
 
 
 def with_untracked_compute(profile: Any, compute: dict[str, Any] | None) -> tuple[Any, float]:

@@ -391,6 +391,38 @@ def test_report_simulates_sharded_rows_on_the_halves_with_their_fitted_costs(mon
     assert sharded > plain * 1.05
 
 
+def test_report_simulates_dear_with_the_buffer_size_its_run_used(monkeypatch) -> None:
+    """The emulated run scales DeAR's 25 MiB buffers like the tensors (``group_bytes``): its
+    prediction must use that size, not DeAR's default (one buffer for the whole model)."""
+    import types
+
+    from dcredit_hvd.bench import emulate_report
+    from dcredit_hvd.config import SchedulerConfig
+    from dcredit_hvd.planning import simulator
+    from dcredit_hvd.planning.costmodel import CostModel
+    from dcredit_hvd.policies import DeAR
+
+    monkeypatch.setenv("HOROVOD_CYCLE_TIME", "4")
+    monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", str(5 << 20))
+    profile, _ = replay.load(replay.shipped("vgg16"))
+    d = Dilation.for_cluster("10gbit", "100mbit", byte_scale=25)
+    buffer = (25 << 20) // 25
+    config = SchedulerConfig.resolve(environ={}, policy="dear", group_bytes=buffer)
+    results = fake_results(profile, d, 8, {"compute": 780.0, "communication": 800.0,
+                                           "dear": 900.0})
+    emulate_report.analyse(results, profile, d, kept={"dear": types.SimpleNamespace(
+        scheduler_config=config, plan=None, measured=(None, CostModel(a=0.001, b=1e-9)))})
+    emulated = replay.emulated_profile(profile, d)
+    b = emulate_report.link_need(emulated.total_bytes, 8, "100000000bit")["seconds"] \
+        / emulated.total_bytes
+    common = {"overlap_forward": True, "cycle_s": 0.004, "fusion_bytes": 5 << 20}
+    scaled = simulator.simulate(emulated, CostModel(a=0.001, b=b), DeAR(buffer),
+                                **common).iteration_s
+    default = simulator.simulate(emulated, CostModel(a=0.001, b=b), DeAR(), **common).iteration_s
+    assert results["policies"]["dear"]["simulated_ms"] == pytest.approx(d.cluster(scaled) * 1e3)
+    assert default > scaled * 1.05
+
+
 def test_grid_summary_names_the_best_baseline_and_each_missed_target() -> None:
     import importlib.util
 
