@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def describe(kept: Any) -> dict[str, Any]:
     """What the JSON keeps of a policy's set-up: its byte settings, dcredit's plan and the live
-    cost model (so that predictions can be recomputed from the file)."""
+    cost models, the halves' too (so that predictions can be recomputed from the file)."""
     import dataclasses
 
     out: dict[str, Any] = {}
@@ -329,6 +329,8 @@ def describe(kept: Any) -> dict[str, Any]:
         out["plan"] = dataclasses.asdict(kept.plan)
     if kept.measured is not None:
         out["live_cost"] = dataclasses.asdict(kept.measured[1])
+    if getattr(kept, "halves", None) is not None:     # the sharded plan's fitted halves
+        out["halves_cost"] = [dataclasses.asdict(fit) for fit in kept.halves]
     return out
 
 
