@@ -32,10 +32,6 @@ PHASE2_RULES = (PHASE2_PER_TENSOR, PHASE2_PIPELINED, PHASE2_GROUPED, PHASE2_GROU
 GATHER_FORWARD = "forward"                  # strict forward order: layer 0's first
 GATHER_READY = "ready"                      # each as soon as its shard is updated
 GATHER_ORDERS = (GATHER_FORWARD, GATHER_READY)
-#: How the sharded mode's reduce-scatters go out during backward (``Plan.scatter``).
-SCATTER_WINDOWS = "windows"                 # under phase 1's windows, phase 2 drained at step()
-SCATTER_EAGER = "eager"                     # each as soon as its gradient is ready
-SCATTER_RULES = (SCATTER_WINDOWS, SCATTER_EAGER)
 
 
 @dataclass(frozen=True)
@@ -83,11 +79,6 @@ class Plan:
     #: (``"forward"``: layer 0's first, what the next forward needs first) or as soon as their
     #: shards are updated (``"ready"``: late layers' during backward, using its idle link).
     gather_order: str = "forward"
-    #: Sharded mode only: the reduce-scatters go under phase 1's windows (``"windows"``) or each
-    #: as soon as its gradient is ready (``"eager"``).  ``step()`` waits for every one of them
-    #: before any update, so holding one back can only delay that barrier, unless it keeps the
-    #: link free for blocks the plan ranks first; the simulator decides (``best_dcredit``).
-    scatter: str = SCATTER_WINDOWS
 
     def __post_init__(self) -> None:
         m = self.blocks_per_tensor
@@ -131,8 +122,6 @@ class Plan:
         if self.gather_order not in GATHER_ORDERS:
             raise ValueError(f"Plan: gather_order must be one of {GATHER_ORDERS}, "
                              f"got {self.gather_order!r}")
-        if self.scatter not in SCATTER_RULES:
-            raise ValueError(f"Plan: scatter must be one of {SCATTER_RULES}, got {self.scatter!r}")
         if self.groups and (len(self.groups) != L or any(
                 not isinstance(x, numbers.Integral) or x < 1 for x in self.groups)):
             raise ValueError(f"Plan: groups needs one member count >= 1 per unit ({L} units), "
@@ -195,8 +184,6 @@ class Plan:
             groups = len({self.phase2_window_of(l) for l, p in enumerate(self.phase2_windows) if p})
             text += (f", phase 2 (overlap) {self.phase2}: {groups} windows, "
                      f"up to {self.phase2_depth} in flight")
-        if self.scatter != SCATTER_WINDOWS:
-            text += ", reduce-scatters each as soon as ready"
         return text
 
 

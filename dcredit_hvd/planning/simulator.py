@@ -52,7 +52,7 @@ from . import halves as two_halves
 from .blocks import TensorLayout, build_layout, group_runs, partition
 from .costmodel import CostModel
 from .engine import Engine, Iteration, Op, SimulationStalled  # noqa: F401  (re-exported)
-from .plan import GATHER_ORDERS, SCATTER_EAGER, SCATTER_RULES
+from .plan import GATHER_ORDERS
 from .profile import Profile
 
 #: ByteScheduler's defaults, 1M and 4M float32 elements (spec §7), as in ``config.py``.
@@ -421,8 +421,7 @@ def best_dcredit(profile: Profile, cost: CostModel, *,
     ``shard=True`` searches the sharded mode (``simulate(shard=True)``): plans are made on the
     reduce-scatter's cost (``scatter_cost``, fitted live by the runtime; else
     ``halves.split_cost``), the half that phase 1 sends, and every rule is tried with each order
-    of the all-gathers (``Plan.gather_order``) and with the reduce-scatters under phase 1's
-    windows or each as soon as ready (``Plan.scatter``).
+    of the all-gathers (``Plan.gather_order``).
     """
     if not rules:
         raise ValueError("best_dcredit: no planner rules given")
@@ -450,14 +449,12 @@ def best_dcredit(profile: Profile, cost: CostModel, *,
         units = profile.grouped(groups)
         grouping = {} if len(groups) == profile.num_tensors else {"groups": groups,
                                                                   "group_bytes": limit}
-        sharded = itertools.product(GATHER_ORDERS, SCATTER_RULES) if shard else ((None, None),)
-        for options, (order, scatter) in itertools.product(crossed, sharded):
+        for options, order in itertools.product(crossed, GATHER_ORDERS if shard else (None,)):
             options = {**options, "cycle_s": cycle_s, "overlap_forward": overlap_forward}
-            chosen = {**grouping, **({"gather_order": order, "scatter": scatter} if order else {})}
+            chosen = {**grouping, **({"gather_order": order} if order else {})}
             result, table = _best_partition(profile, units, chosen, cost, candidates, options, sim)
             label = (result.plan.label + (f", groups <= {limit} B" if grouping else "")
-                     + (f", gathers in {order} order" if order else "")
-                     + (", reduce-scatters eager" if scatter == SCATTER_EAGER else ""))
+                     + (f", gathers in {order} order" if order else ""))
             every.extend((label, s, t) for s, t in table)
             if best is None or result.iteration_s < best.iteration_s:
                 best = result

@@ -51,11 +51,11 @@ from collections.abc import Sequence
 
 from ..planning.blocks import Block, TensorLayout
 from ..planning.costmodel import CostModel
-from ..planning.plan import GATHER_FORWARD, SCATTER_EAGER
+from ..planning.plan import GATHER_FORWARD
 from ..planning.planner import Plan
 from ..planning.planner import plan as make_plan
 from ..planning.profile import Profile
-from .base import Immediate, Policy
+from .base import Policy
 
 
 class DCredit(Policy):
@@ -106,12 +106,7 @@ class DCredit(Policy):
         forward, everything at once when ``step()`` waits for them."""
         return DCredit(self.plan, overlap_forward=self.overlap_forward)
 
-    def scatter_rule(self) -> Policy:
-        """The reduce-scatters' rule: every block as soon as it is ready when the plan says so
-        (``Plan.scatter``), else phase 1's windows with phase 2 drained at once (``step()``
-        waits for every reduce-scatter, so none can wait for the next forward)."""
-        if self.plan.scatter == SCATTER_EAGER:
-            return Immediate()
+    def scatter_rule(self) -> DCredit:
         return DCredit(self.plan, overlap_forward=False) if self.overlap_forward else self
 
     def gathers_in_forward_order(self) -> bool:

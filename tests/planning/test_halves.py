@@ -107,23 +107,6 @@ def test_compare_runs_dear_beside_the_baselines_and_shards_all_but_horovod():
     assert rows["dcredit"].plan.gather_order in ("forward", "ready")
 
 
-def test_the_sharded_search_tries_eager_reduce_scatters_and_keeps_the_faster():
-    # ResNet-50 (161 tensors) on 4 hosts at 10 Gbit/s: phase 1's windows hold reduce-scatters
-    # back that step() must wait for anyway; sending each as soon as ready is faster there.
-    from dcredit_hvd.bench import replay
-
-    profile, _ = replay.load(replay.shipped("resnet50"))
-    rs, ag = halves.link_costs(10e9, 20e-6, 4, 0.0)
-    best = sim.best_dcredit(profile, CostModel(a=6e-5, b=1.2e-9), overlap_forward=True,
-                            candidates=(4_000_000,), shard=True, workers=4,
-                            scatter_cost=rs, gather_cost=ag)
-    rows = best.search_all
-    windows = min(t for label, _, t in rows if "eager" not in label)
-    eager = min(t for label, _, t in rows if "eager" in label)
-    assert best.plan.scatter == "eager" and best.iteration_s == pytest.approx(eager)
-    assert eager < windows
-
-
 def test_the_sharded_all_gathers_wait_for_every_scatter_and_update_as_step_does():
     # The runtime's step() (runtime/gathers.py): every reduce-scatter, then the shard updates,
     # then the all-gathers.  Two 1000-byte tensors, 2 ranks, 4 ms updates (2 ms on a shard),

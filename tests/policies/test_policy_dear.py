@@ -98,17 +98,6 @@ def test_the_reduce_scatters_drain_phase_2_because_step_waits_for_them():
     assert wfbp.scatter_rule() is wfbp
 
 
-def test_the_reduce_scatters_go_each_as_soon_as_ready_when_the_plan_says_eager():
-    from dataclasses import replace
-    p = Profile.from_lists(["a", "b"], [8, 8], [4, 4], [0.001] * 2, [0.002] * 2)
-    made = replace(plan(p, CostModel(1e-4, 1e-9), 4), scatter="eager")
-    for overlap in (True, False):
-        assert isinstance(DCredit(made, overlap_forward=overlap).scatter_rule(), Immediate)
-    assert "as soon as ready" in made.describe()
-    with pytest.raises(ValueError, match="scatter"):
-        replace(made, scatter="late")
-
-
 def test_dcredit_gathers_in_the_order_its_plan_chose():
     p = Profile.from_lists(["a", "b"], [8, 8], [4, 4], [0.001] * 2, [0.002] * 2)
     made = plan(p, CostModel(1e-4, 1e-9), 4)
