@@ -96,7 +96,8 @@ def reanalyse(record: dict) -> dict:
     ``emulate_report``: so that every cell of a grid is judged by the same rules."""
     import types
 
-    from dcredit_hvd.bench import emulate_report
+    from dcredit_hvd.bench import emulate, emulate_report
+    from dcredit_hvd.bench.report import PolicyName
     from dcredit_hvd.planning.costmodel import CostModel
     from dcredit_hvd.planning.planner import Plan
 
@@ -110,12 +111,20 @@ def reanalyse(record: dict) -> dict:
         if plan is not None:
             plan = Plan(**{k: tuple(v) if isinstance(v, list) else v for k, v in plan.items()})
         cost = setup.get("live_cost")
-        config = (types.SimpleNamespace(partition_bytes=setup["partition_bytes"],
-                                        credit_bytes=setup["credit_bytes"])
-                  if "partition_bytes" in setup else None)
+        config = None
+        if "partition_bytes" in setup:
+            given = {"partition_bytes": setup["partition_bytes"],
+                     "credit_bytes": setup["credit_bytes"]}
+            if PolicyName.parse(name).base == "dear":   # cells run before it was recorded
+                given["group_bytes"] = setup.get(
+                    "group_bytes", dilation.scaled_bytes(emulate.DEAR_BUFFER_BYTES))
+            config = types.SimpleNamespace(**{"group_bytes": 0, **given},
+                                           explicit=given.__contains__)
+        halves = setup.get("halves_cost")
         kept[name] = types.SimpleNamespace(
             plan=plan, scheduler_config=config,
-            measured=(None, CostModel(**cost)) if cost else None)
+            measured=(None, CostModel(**cost)) if cost else None,
+            halves=tuple(CostModel(**fit) for fit in halves) if halves else None)
     os.environ["HOROVOD_CYCLE_TIME"] = f"{dilation.environment()['HOROVOD_CYCLE_TIME']}"
     os.environ["HOROVOD_FUSION_THRESHOLD"] = str(dilation.scaled_bytes(128 << 20))
     emulate_report.analyse(record, profile, dilation, kept)

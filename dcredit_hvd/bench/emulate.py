@@ -325,6 +325,8 @@ def describe(kept: Any) -> dict[str, Any]:
     config = kept.scheduler_config
     if config is not None:
         out.update(partition_bytes=config.partition_bytes, credit_bytes=config.credit_bytes)
+        if config.explicit("group_bytes"):      # DeAR's buffer size, scaled (make_step)
+            out["group_bytes"] = config.group_bytes
     if kept.plan is not None and dataclasses.is_dataclass(kept.plan):
         out["plan"] = dataclasses.asdict(kept.plan)
     if kept.measured is not None:

@@ -448,6 +448,52 @@ def test_grid_summary_names_the_best_baseline_and_each_missed_target() -> None:
     assert rows["slow"].endswith("| 1.10x bound, 2% of best |")
 
 
+def test_grid_report_rejudges_dear_and_sharded_rows_as_the_run_did(monkeypatch) -> None:
+    """``--report-only`` re-simulates each cell from its JSON alone: DeAR with its scaled
+    buffers (recorded, or emulate's rule for cells written before), a sharded row on the two
+    halves with the costs its optimizer fitted."""
+    import dataclasses
+    import importlib.util
+
+    from dcredit_hvd.bench import emulate, emulate_report
+    from dcredit_hvd.planning import simulator
+    from dcredit_hvd.planning.costmodel import CostModel
+    from dcredit_hvd.policies import DeAR
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_emulated", Path(__file__).resolve().parents[2] / "scripts" / "bench_emulated.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    monkeypatch.setenv("HOROVOD_CYCLE_TIME", "1")
+    profile, _ = replay.load(replay.shipped("vgg16"))
+    d = Dilation.for_cluster("10gbit", "100mbit", byte_scale=25)
+    live = CostModel(a=0.001, b=1e-9)
+    halves = (CostModel(a=0.002, b=5e-8), CostModel(a=0.003, b=6e-8))
+    record = fake_results(profile, d, 8, {"compute": 780.0, "communication": 800.0,
+                                          "dear": 900.0, "wfbp-shard": 950.0})
+    sizes = {"partition_bytes": 160_000, "credit_bytes": 640_000,
+             "live_cost": dataclasses.asdict(live)}
+    record["policies"]["dear"]["setup"] = dict(sizes)            # written before group_bytes was
+    record["policies"]["wfbp-shard"]["setup"] = {
+        **sizes, "halves_cost": [dataclasses.asdict(h) for h in halves]}
+    record.update(profile="vgg16", target_rate=d.target_rate, link_rate=d.link_rate,
+                  time_factor=d.time_factor, byte_scale=d.byte_scale)
+    script.reanalyse(record)
+    emulated = replay.emulated_profile(profile, d)
+    b = emulate_report.link_need(emulated.total_bytes, 8, "100000000bit")["seconds"] \
+        / emulated.total_bytes
+    common = {"cycle_s": d.time_factor * 1e-3, "fusion_bytes": d.scaled_bytes(128 << 20)}
+    dear = simulator.simulate(emulated, CostModel(a=0.001, b=b), DeAR(
+        d.scaled_bytes(emulate.DEAR_BUFFER_BYTES)), overlap_forward=True, **common).iteration_s
+    sharded = simulator.simulate(emulated, CostModel(a=0.001, b=b), "wfbp", shard=True,
+                                 workers=8, scatter_cost=halves[0], gather_cost=halves[1],
+                                 overlap_forward=True, partition_bytes=160_000,
+                                 credit_bytes=640_000, **common).iteration_s
+    rows = record["policies"]
+    assert rows["dear"]["simulated_ms"] == pytest.approx(d.cluster(dear) * 1e3)
+    assert rows["wfbp-shard"]["simulated_ms"] == pytest.approx(d.cluster(sharded) * 1e3)
+
+
 def test_emulate_refuses_suffixes_on_a_baseline() -> None:
     from dcredit_hvd.bench import emulate
 
