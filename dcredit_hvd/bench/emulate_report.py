@@ -10,7 +10,7 @@ from ..planning import simulator
 from ..planning.costmodel import CostModel
 from ..planning.profile import Profile
 from . import replay
-from .report import dear_policy
+from .report import dear_policy, sharded
 from .sidebyside import PolicyName, link_need
 
 BASELINE_ORDER = ("horovod", "ddp", "wfbp", "bytescheduler")
@@ -80,11 +80,8 @@ def predictions(profile: Profile, hosts: int, dilation: replay.Dilation,
             own = getattr(kept.get(name), "measured", None)
             if own:
                 row_cost = replace(own[1], b=cost.b)
-        if parsed.shard:                # the halves, as the runtime's step() runs them
-            kwargs.update(shard=True, workers=hosts)
-            fitted = getattr(kept.get(name), "halves", None)
-            if fitted is not None:      # fitted live on the emulated link, like ``a``
-                kwargs.update(scatter_cost=fitted[0], gather_cost=fitted[1])
+        if parsed.shard:                # fitted live on the emulated link, like ``a``
+            kwargs.update(sharded(kept.get(name), hosts))
         policy: Any = base
         config = getattr(kept.get(name), "scheduler_config", None)
         if base in ("wfbp", "bytescheduler") and config is not None:

@@ -140,10 +140,7 @@ def simulated_row(profile: Any, cost: Any, policy: PolicyName, kept: Any,
     if policy.transport is not None:
         kwargs.update(cycle_s=0.0, fusion_bytes=0)
     if policy.shard:                     # split in halves: the runtime's step() (halves.py)
-        kwargs.update(shard=True, workers=kept.workers)
-        fitted = getattr(kept, "halves", None)
-        if halves and fitted is not None:
-            kwargs.update(scatter_cost=fitted[0], gather_cost=fitted[1])
+        kwargs.update(sharded(kept, kept.workers, fitted=halves))
     rule: Any = policy.base
     if policy.base in ("wfbp", "bytescheduler"):
         config = kept.scheduler_config
@@ -155,6 +152,16 @@ def simulated_row(profile: Any, cost: Any, policy: PolicyName, kept: Any,
     predicted = simulator.simulate(profile, cost, rule, **kwargs).iteration_s
     return {"predicted": predicted, "measured": measured,
             "error_percent": 100.0 * (predicted - measured) / measured}
+
+
+def sharded(kept: Any, workers: int, fitted: bool = True) -> dict[str, Any]:
+    """``simulate()``'s keywords for a sharded row: the two halves as the runtime's ``step()``
+    runs them, priced (``fitted``) with the costs the row's optimizer fitted live, if it did."""
+    out: dict[str, Any] = {"shard": True, "workers": workers}
+    costs = getattr(kept, "halves", None)
+    if fitted and costs is not None:
+        out.update(scatter_cost=costs[0], gather_cost=costs[1])
+    return out
 
 
 def dear_policy(config: Any) -> Any:
