@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 from .liveness import heartbeat as liveness
 from .planning.drift import DriftSettings
+from .planning.race import RaceSettings
 from .policies import POLICIES
 
 #: ``transport`` values ("" chooses by what is initialised; ``transports.NAMES``).
@@ -81,6 +82,20 @@ def _parse_switch(value: Any, what: str) -> Optional[bool]:
     return _SWITCH[key]
 
 
+def _parse_rounds(value: Any, what: str) -> tuple[int, ...]:
+    """``"8,16,32"`` or ``(8, 16, 32)``: iterations per round of the race, each >= 2."""
+    items = value.split(",") if isinstance(value, str) else list(value) \
+        if isinstance(value, (list, tuple)) else [value]
+    try:
+        rounds = tuple(int(str(x).strip()) for x in items)
+    except ValueError:
+        rounds = ()
+    if not rounds or any(n < 2 for n in rounds):
+        raise ValueError(f"{what} must list the iterations of each round of the race, each "
+                         f">= 2, such as '8,16,32', got {value!r}")
+    return rounds
+
+
 #: ``SchedulerConfig`` field -> ``liveness.Settings`` field, validated by ``liveness.validate``.
 _LIVENESS_SETTING = {field: name for name, field in liveness.CONFIG_FIELD.items()}
 #: Their variables (in the class body, ``liveness`` names the field, not the module).
@@ -141,6 +156,20 @@ class SchedulerConfig:
     replan_patience: int = DriftSettings.patience
     #: Wall seconds the off iterations must last as well (``DCREDIT_REPLAN_SECONDS``).
     replan_seconds: float = DriftSettings.seconds
+    #: ``dcredit``: race the candidate schedules on the live run after each plan
+    #: (``planning/race.py``, ``docs/algorithm.md`` §10): the simulator's pick (run first), its
+    #: runners-up and every baseline the runtime can express, timed in blocks of iterations
+    #: (the maximum over ranks), the slower half dropped after each round of ``tune_rounds``
+    #: iterations (``tune_drop`` more are discarded after each switch); a challenger replaces the
+    #: pick only when faster by more than ``max(tune_margin, 2 standard errors)``.
+    #: ``DCREDIT_TUNE`` (1/0), ``DCREDIT_TUNE_ROUNDS`` ("8,16,32"), ``DCREDIT_TUNE_DROP``,
+    #: ``DCREDIT_TUNE_MARGIN``.  ``tune_force`` (``DCREDIT_TUNE_FORCE``), for tests only: the
+    #: candidate whose label starts with it wins, so that a switch is exercised.
+    tune: bool = True
+    tune_rounds: tuple = (8, 16, 32)
+    tune_drop: int = 2
+    tune_margin: float = 0.03
+    tune_force: str = ""
     #: ``dcredit``: rank 0 writes the measured profile, cost model and plan to this JSON file
     #: (read by ``python -m dcredit_hvd plan --profile``).  ``DCREDIT_PROFILE_OUT``.
     profile_out: Optional[str] = None
@@ -191,6 +220,11 @@ class SchedulerConfig:
         "replan_link_threshold": "DCREDIT_REPLAN_LINK_THRESHOLD",
         "replan_patience": "DCREDIT_REPLAN_PATIENCE",
         "replan_seconds": "DCREDIT_REPLAN_SECONDS",
+        "tune": "DCREDIT_TUNE",
+        "tune_rounds": "DCREDIT_TUNE_ROUNDS",
+        "tune_drop": "DCREDIT_TUNE_DROP",
+        "tune_margin": "DCREDIT_TUNE_MARGIN",
+        "tune_force": "DCREDIT_TUNE_FORCE",
         "cuda_staging": "DCREDIT_CUDA_STAGING",
         "race_amplifier": "DCREDIT_RACE_AMPLIFIER",
         **_LIVENESS_ENV,
@@ -281,7 +315,18 @@ class SchedulerConfig:
             return str(value)
         if name == "cuda_staging":
             return _parse_switch(value, what)
-        if name in ("replan", "shard"):
+        if name == "tune_rounds":
+            return _parse_rounds(value, what)
+        if name == "tune_drop":
+            return _parse_int(value, what, 0)
+        if name == "tune_margin":
+            margin = _parse_float(value, what, -1e-12)
+            if margin >= 1:
+                raise ValueError(f"{what} must be a fraction in [0, 1) such as 0.03, got {value!r}")
+            return margin
+        if name == "tune_force":
+            return str(value).strip()
+        if name in ("replan", "shard", "tune"):
             switch = _parse_switch(value, what)
             if switch is None:
                 raise ValueError(f"{what} must be 1 or 0 (also true/false, yes/no, on/off), "
@@ -296,6 +341,11 @@ class SchedulerConfig:
         if name in _LIVENESS_SETTING:
             return liveness.validate(_LIVENESS_SETTING[name], value, what)
         raise AssertionError(name)
+
+    def race_settings(self) -> RaceSettings:
+        """The race's rounds, dropped iterations and switch margin (``race.RaceSettings``)."""
+        return RaceSettings(rounds=tuple(self.tune_rounds), drop=self.tune_drop,
+                            margin=self.tune_margin, force=self.tune_force)
 
     def drift_settings(self) -> DriftSettings:
         """The detector's thresholds (``drift.DriftSettings``)."""

@@ -219,6 +219,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return self._state.measured if self._state.enabled else None
 
     @property
+    def races(self) -> list[dict]:
+        """Each finished race (``tune=True``): its table (candidate, predicted and measured ms,
+        standard error, iterations, verdict), winner, iterations, seconds lost, refit."""
+        return list(self._state.races)
+
+    @property
     def replans(self) -> list[dict]:
         """Online re-plans so far (``drift.py``): iteration, time, reason and the new plan."""
         return self._state.replans
@@ -283,6 +289,11 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          replan_link_threshold: Optional[float] = None,
                          replan_patience: Optional[int] = None,
                          replan_seconds: Optional[float] = None,
+                         tune: Optional[bool] = None,
+                         tune_rounds: Any = None,
+                         tune_drop: Optional[int] = None,
+                         tune_margin: Optional[float] = None,
+                         tune_force: Optional[str] = None,
                          cuda_staging: Optional[bool] = None,
                          race_amplifier: Optional[float] = None,
                          liveness: Optional[bool] = None,
@@ -308,6 +319,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
       state for, its ``1/N`` of every block; the parameters are all-gathered, during the next
       forward with ``model=`` (``runtime/shards.py``; ``clip_grad_norm_()``,
       ``full_state_dict()``).  ``DCREDIT_SHARD``.
+    * ``tune``: ``dcredit`` races its candidate schedules on the live run after each plan
+      (``tune_rounds``, ``tune_drop``, ``tune_margin``; ``races``).  ``DCREDIT_TUNE``.
     * the rest (polling, stalls, profiling, re-planning, CUDA staging, the race amplifier, the
       liveness channel) are ``SchedulerConfig``'s fields of the same names.
     """

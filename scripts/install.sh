@@ -2,7 +2,8 @@
 # Idempotent set-up for dcredit_hvd on Debian, as root or with sudo.
 #
 #   Open MPI (Debian)  ->  .venv with torch==2.13.0, numpy, mpi4py, pytest, hypothesis, ruff,
-#   transformers, peft, pytorch-lightning and accelerate (the frameworks' tests)
+#   pytest-xdist, transformers, peft, lightning and pytorch-lightning (both Lightning packages)
+#   and accelerate (the frameworks' tests)
 #   -> Horovod 0.28.1 built from the PyPI sdist with C++17 (needed for torch >= 2.1)
 #   -> this package, editable.
 #
@@ -105,12 +106,13 @@ if [ "$VENV" != system ] && [ ! -x "$PY" ]; then
     fi
 fi
 if [ "$machine_torch" = 0 ]; then
-    if ! "$PY" -c "import torch, numpy, mpi4py, pytest, hypothesis, transformers, peft, pytorch_lightning, accelerate; assert torch.__version__.split('+')[0] == '$TORCH_VERSION'; assert transformers.__version__ == '$TRANSFORMERS_VERSION'; assert peft.__version__ == '$PEFT_VERSION'; assert pytorch_lightning.__version__ == '$LIGHTNING_VERSION'; assert accelerate.__version__ == '$ACCELERATE_VERSION'" 2>/dev/null; then
-        log "pip install torch==$TORCH_VERSION numpy mpi4py pytest hypothesis ruff transformers==$TRANSFORMERS_VERSION peft==$PEFT_VERSION pytorch-lightning==$LIGHTNING_VERSION accelerate==$ACCELERATE_VERSION"
+    if ! "$PY" -c "import torch, numpy, mpi4py, pytest, xdist, hypothesis, transformers, peft, pytorch_lightning, lightning, accelerate; assert torch.__version__.split('+')[0] == '$TORCH_VERSION'; assert transformers.__version__ == '$TRANSFORMERS_VERSION'; assert peft.__version__ == '$PEFT_VERSION'; assert pytorch_lightning.__version__ == '$LIGHTNING_VERSION'; assert lightning.__version__ == '$LIGHTNING_VERSION'; assert accelerate.__version__ == '$ACCELERATE_VERSION'" 2>/dev/null; then
+        log "pip install torch==$TORCH_VERSION numpy mpi4py pytest pytest-xdist hypothesis ruff transformers==$TRANSFORMERS_VERSION peft==$PEFT_VERSION lightning==$LIGHTNING_VERSION pytorch-lightning==$LIGHTNING_VERSION accelerate==$ACCELERATE_VERSION"
         "$PY" -m pip install -q --upgrade pip setuptools wheel
-        "$PY" -m pip install -q "torch==$TORCH_VERSION" numpy mpi4py pytest hypothesis ruff matplotlib \
-            "transformers==$TRANSFORMERS_VERSION" "peft==$PEFT_VERSION" \
-            "pytorch-lightning==$LIGHTNING_VERSION" "accelerate==$ACCELERATE_VERSION"
+        "$PY" -m pip install -q "torch==$TORCH_VERSION" numpy mpi4py pytest pytest-xdist hypothesis ruff \
+            matplotlib "transformers==$TRANSFORMERS_VERSION" "peft==$PEFT_VERSION" \
+            "lightning==$LIGHTNING_VERSION" "pytorch-lightning==$LIGHTNING_VERSION" \
+            "accelerate==$ACCELERATE_VERSION"
     fi
 else
     "$PY" -c "import torch" 2>/dev/null \
@@ -119,12 +121,13 @@ else
     # Horovod's setup.py needs bdist_wheel (wheel, or setuptools >= 70.1); -e needs >= 64.
     "$PY" -c "import setuptools, wheel, sys; sys.exit(int(setuptools.__version__.split('.')[0]) < 64)" \
         2>/dev/null || "$PY" -m pip install -q "${pip_src[@]}" --upgrade setuptools wheel
-    wanted=(pytest hypothesis "transformers==$TRANSFORMERS_VERSION" "accelerate==$ACCELERATE_VERSION")
-    [ -n "$WHEELS" ] || wanted+=(numpy ruff "peft==$PEFT_VERSION" "pytorch-lightning==$LIGHTNING_VERSION")
+    wanted=(pytest pytest-xdist hypothesis "transformers==$TRANSFORMERS_VERSION" "accelerate==$ACCELERATE_VERSION")
+    [ -n "$WHEELS" ] || wanted+=(numpy ruff "peft==$PEFT_VERSION" "lightning==$LIGHTNING_VERSION"
+                                "pytorch-lightning==$LIGHTNING_VERSION")
     if [ -z "$WHEELS" ] && command -v mpicxx >/dev/null && [ "$MPI_MODE" = auto ]; then
         wanted+=(mpi4py)
     fi
-    modules=$(printf '%s\n' "${wanted[@]}" | sed 's/==.*//; s/-/_/g' | paste -sd, -)
+    modules=$(printf '%s\n' "${wanted[@]}" | sed 's/==.*//; s/-/_/g; s/^pytest_xdist$/xdist/' | paste -sd, -)
     if ! "$PY" -c "import $modules" 2>/dev/null; then
         log "pip install ${wanted[*]}${WHEELS:+ (from $WHEELS)}"
         "$PY" -m pip install -q "${pip_src[@]}" "${wanted[@]}"

@@ -13,7 +13,8 @@ import os
 from typing import Any, Optional
 
 from ..config import SchedulerConfig
-from . import planner, simulator
+from ..policies import DCredit
+from . import candidates, planner, simulator
 from .blocks import group_runs
 from .costmodel import CostModel
 from .profile import Profile
@@ -53,27 +54,62 @@ def decide(profile: Profile, cost: CostModel, config: SchedulerConfig, *,
     spend) and the all-gathers' order, on the sharded schedule (``best_dcredit(shard=True)``),
     priced with ``halves``: the reduce-scatter's and the all-gather's costs fitted live.
     """
+    plan, search, _ = _search(profile, cost, config, overlap_forward, workers, halves)
+    return plan, profile, search
+
+
+def decide_race(profile: Profile, cost: CostModel, config: SchedulerConfig, *,
+                overlap_forward: bool, workers: int = 1,
+                halves: Optional[tuple[CostModel, CostModel]] = None
+                ) -> tuple[Any, Profile, tuple, list[candidates.Schedule]]:
+    """``decide``, plus the race's candidates (``candidates.schedules``): the simulator's
+    pick first (the incumbent), its runners-up, then every baseline the runtime can express,
+    each priced by the same simulation."""
+    plan, search, ranked = _search(profile, cost, config, overlap_forward, workers, halves)
+    if not ranked:                      # the partition was given: the one plan, simulated
+        ranked = (simulator.simulate(profile, cost, DCredit(plan, overlap_forward=overlap_forward),
+                                     overlap_forward=overlap_forward,
+                                     **_sim_keywords(config, overlap_forward, workers, halves)),)
+    sim = _sim_keywords(config, overlap_forward, workers, halves)
+    found = candidates.schedules(ranked, profile, cost, overlap_forward=overlap_forward,
+                                 partition_bytes=config.partition_bytes,
+                                 credit_bytes=config.credit_bytes, shard=config.shard, sim=sim)
+    return plan, profile, search, found
+
+
+def _sim_keywords(config: SchedulerConfig, overlap_forward: bool, workers: int,
+                  halves: Optional[tuple[CostModel, CostModel]]) -> dict:
+    """What every simulation of this job is told besides the policy: Horovod's cycle, the
+    runtime's cost per block, and the sharded mode's halves."""
+    sim = {"cycle_s": horovod_cycle_seconds(), "block_overhead_s": BLOCK_OVERHEAD_S[overlap_forward]}
+    if config.shard:
+        sim.update(shard=True, workers=workers, scatter_cost=halves[0] if halves else None,
+                   gather_cost=halves[1] if halves else None)
+    return sim
+
+
+def _search(profile: Profile, cost: CostModel, config: SchedulerConfig, overlap_forward: bool,
+            workers: int, halves: Optional[tuple[CostModel, CostModel]]
+            ) -> tuple[Any, tuple, tuple]:
+    """``(plan, search, ranked)``: ``decide``'s plan, its table, and the simulator's ranking of
+    the plans it tried (empty when the partition was given and nothing was searched)."""
     limits = (config.group_bytes,) if config.explicit("group_bytes") else GROUP_CANDIDATES
+    sim = _sim_keywords(config, overlap_forward, workers, halves)
     if config.shard:
         best = simulator.best_dcredit(profile, cost, overlap_forward=overlap_forward,
-                                      cycle_s=horovod_cycle_seconds(), group_limits=(0,),
-                                      candidates=(config.partition_bytes,), shard=True,
-                                      workers=workers,
-                                      scatter_cost=halves[0] if halves else None,
-                                      gather_cost=halves[1] if halves else None,
-                                      block_overhead_s=BLOCK_OVERHEAD_S[overlap_forward])
-        return best.plan, profile, best.search
+                                      group_limits=(0,), candidates=(config.partition_bytes,),
+                                      **sim)
+        return best.plan, best.search, best.ranked
     if config.explicit("partition_bytes"):
         limit = config.group_bytes if config.explicit("group_bytes") else 0
         groups = group_runs(profile.nbytes, profile.group_kinds(), limit)
         made = planner.plan(profile.grouped(groups), cost, config.partition_bytes)
         if len(groups) != profile.num_tensors:
             made = dataclasses.replace(made, groups=groups, group_bytes=limit)
-        return made, profile, ()
+        return made, (), ()
     best = simulator.best_dcredit(profile, cost, overlap_forward=overlap_forward,
-                                  cycle_s=horovod_cycle_seconds(), group_limits=limits,
-                                  block_overhead_s=BLOCK_OVERHEAD_S[overlap_forward])
-    return best.plan, profile, best.search
+                                  group_limits=limits, **sim)
+    return best.plan, best.search, best.ranked
 
 
 def log(logger: logging.Logger, cost: CostModel, samples, profile: Profile, plan, search,

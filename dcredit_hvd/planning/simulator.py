@@ -134,6 +134,9 @@ class SimResult:
     halves: bool = False
     #: The update ran on a ``1/workers`` shard (optimizer state ``1/workers`` per rank).
     shard: bool = False
+    #: ``best_dcredit``: the best result of each planner rule, grouping and gather order
+    #: tried, fastest first, distinct plans only (the race's challengers, ``planning/race.py``).
+    ranked: tuple[SimResult, ...] = ()
 
     @property
     def exposed_comm_s(self) -> float:
@@ -438,6 +441,7 @@ def best_dcredit(profile: Profile, cost: CostModel, *,
            "gather_cost": gather_cost}
     best: SimResult | None = None
     every: list[tuple[str, int, float]] = []
+    ranked: list[SimResult] = []
     crossed = [{**options, **({} if p2 is None else {"phase2": p2})}
                for options in rules for p2 in phase2s]
     tried: set[tuple[int, ...]] = set()
@@ -456,10 +460,25 @@ def best_dcredit(profile: Profile, cost: CostModel, *,
             label = (result.plan.label + (f", groups <= {limit} B" if grouping else "")
                      + (f", gathers in {order} order" if order else ""))
             every.extend((label, s, t) for s, t in table)
+            ranked.append(result)
             if best is None or result.iteration_s < best.iteration_s:
                 best = result
     assert best is not None
-    return replace(best, search_all=tuple(every))
+    return replace(best, search_all=tuple(every), ranked=_distinct(ranked))
+
+
+def _distinct(results: Sequence[SimResult]) -> tuple[SimResult, ...]:
+    """``results`` fastest first (ties: the earlier), one per distinct plan."""
+    seen: set = set()
+    out = []
+    for r in sorted(results, key=lambda r: r.iteration_s):
+        p = r.plan
+        key = (p.partition_bytes, p.windows, p.groups, p.phase2_group, p.phase2_depth,
+               p.gather_order)
+        if key not in seen:
+            seen.add(key)
+            out.append(r)
+    return tuple(out)
 
 
 def _best_partition(profile: Profile, units: Profile, grouping: Mapping[str, Any], cost: CostModel,

@@ -13,10 +13,12 @@ from typing import Optional
 import torch
 
 from ..planning import decision as planning
+from ..planning.candidates import Schedule, corrected
 from ..planning.profiler import StepProfiler, measure_cost_model
 from ..policies import Immediate, Policy, make_policy
 from . import agreement, checks
 from .instrument import Instrumentation
+from .race import LiveRace
 from .state import OptimizerState
 from .units import build_layouts, element_size, kind
 
@@ -48,7 +50,7 @@ class PlanLifecycle:
                                    overlap_forward=state.overlap,
                                    buffer_bytes=(config.group_bytes if config.explicit("group_bytes")
                                                  else None))
-        state.plan = state.measured = None
+        state.plan = state.measured = state.race = None
         # dcredit profiles the live job first (under bytescheduler rules), then plans.
         state.profiler = (StepProfiler(config.profile_warmup, config.profile_steps)
                           if config.policy == "dcredit" else None)
@@ -69,6 +71,8 @@ class PlanLifecycle:
             state.profiler.end_iteration()
             if state.profiler.done:
                 self.install_plan()
+        elif state.race is not None:
+            self._follow_race()
 
     # -- rank 0's forward order --------------------------------------------------------------
     def apply_forward_order(self) -> None:
@@ -132,15 +136,24 @@ class PlanLifecycle:
                 prefix=f"{state.prefix}.costmodel.{what}")[0]
                 for what in ("reduce_scatter", "all_gather"))
         payload = None
+        race = state.config.tune and state.config.policy == "dcredit"
         if state.is_gate:
             sizes = [element_size(state, p) for p in state.order]
             profile = profiler.profile(state.order, [state.names[p] for p in state.order],
                                        [p.numel() * e for p, e in zip(state.order, sizes)],
                                        sizes, [kind(p) for p in state.order])
-            payload = planning.decide(profile, cost, state.config, overlap_forward=state.overlap,
-                                      workers=state.transport.size(), halves=state.halves_cost)
-        plan, profile, search = state.transport.broadcast_object(payload, f"{state.prefix}.plan")
+            # The last race's refit (``race.refit_offset``) corrects the link it plans on.
+            planned_on = corrected(cost, state.refit_per_allreduce)
+            keywords = {"overlap_forward": state.overlap, "workers": state.transport.size(),
+                        "halves": state.halves_cost}
+            payload = (planning.decide_race(profile, planned_on, state.config, **keywords)
+                       if race else (*planning.decide(profile, planned_on, state.config,
+                                                      **keywords), []))
+        plan, profile, search, schedules = state.transport.broadcast_object(
+            payload, f"{state.prefix}.plan")
         self._switch(plan, profile, cost)
+        state.race = (LiveRace(state, self.instrument, self._install_schedule, schedules, cost)
+                      if race and len(schedules) > 1 else None)
         log = self.instrument.on_rank0()
         if log is not None:
             planning.log(log, cost, samples, profile, plan, search, time.perf_counter() - started)
@@ -173,6 +186,31 @@ class PlanLifecycle:
                              units=plan.num_tensors, tensors=plan.num_parameters,
                              group_bytes=plan.group_bytes)
 
+    # -- the race (``runtime/race.py``) -----------------------------------------------------
+    def _install_schedule(self, schedule: Schedule) -> None:
+        """Every rank, between iterations: one of the race's candidates in force."""
+        state = self.state
+        state.plan = schedule.plan
+        state.policy = schedule.policy_object(state.overlap)
+        state.layouts = build_layouts(state, self._partition(), self._groups())
+        policy = gate_rule(state)
+        policy.bind(state.layouts)
+        state.scheduler.policy = policy
+        checks.check_layouts(state, f"when the race installed {schedule.label}")
+
+    def _follow_race(self) -> None:
+        """Every rank, at each iteration end while a race runs; when it ends, the winner is in
+        force, its refit kept for the next plan, and the drift detector starts from it."""
+        state = self.state
+        state.race.end_iteration()
+        if state.race.done:
+            state.refit_per_allreduce = state.race.refit[0]
+            state.races.append(state.race.summary())
+            state.race = None
+            if state.drift is not None:
+                state.drift.reset()
+                state.last_end = None
+
     def _record_replan(self, plan, cost) -> None:
         state = self.state
         reason, state.replan_reason = state.replan_reason, None
@@ -188,7 +226,8 @@ class PlanLifecycle:
     def watching(self) -> bool:
         """A plan is in force and may be replaced: every rank sends the control word."""
         state = self.state
-        return state.drift is not None and state.plan is not None and state.profiler is None
+        return (state.drift is not None and state.plan is not None and state.profiler is None
+                and state.race is None)
 
     def submit_control(self) -> None:
         """One float, all-reduced beside the iteration's last blocks (the transport fuses it

@@ -94,6 +94,9 @@ class OptimizerState:
     iteration: int = 0
     replan_reason: Any = None              # set when a re-plan was agreed
     replans: list[dict] = field(default_factory=list)
+    race: Any = None                       # race.LiveRace while the candidates are raced
+    races: list[dict] = field(default_factory=list)   # each finished race's summary
+    refit_per_allreduce: float = 0.0       # the last race's correction of the link's start-up
     membership: tuple = ()                 # (size, rank) last seen (elastic)
     membership_lost: bool = False          # a failed collective: elastic will re-initialise
 
