@@ -220,8 +220,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     @property
     def races(self) -> list[dict]:
-        """Each finished race (``tune=True``): its table (candidate, predicted and measured ms,
-        standard error, iterations, verdict), winner, iterations, seconds lost, refit."""
+        """Each finished race's table, winner, iterations, cost and refit (``runtime/race.py``)."""
         return list(self._state.races)
 
     @property
@@ -319,10 +318,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
       state for, its ``1/N`` of every block; the parameters are all-gathered, during the next
       forward with ``model=`` (``runtime/shards.py``; ``clip_grad_norm_()``,
       ``full_state_dict()``).  ``DCREDIT_SHARD``.
-    * ``tune``: ``dcredit`` races its candidate schedules on the live run after each plan
-      (``tune_rounds``, ``tune_drop``, ``tune_margin``; ``races``).  ``DCREDIT_TUNE``.
-    * the rest (polling, stalls, profiling, re-planning, CUDA staging, the race amplifier, the
-      liveness channel) are ``SchedulerConfig``'s fields of the same names.
+    * the rest (polling, stalls, profiling, re-planning, the race (``tune``), CUDA staging,
+      the race amplifier, the liveness channel) are ``SchedulerConfig``'s fields of the same
+      names.
     """
     given = locals()      # the keyword extras are SchedulerConfig's fields, by name
     config = SchedulerConfig.resolve(**{name: given[name] for name in SchedulerConfig.ENV
@@ -330,23 +328,13 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     # Arguments first, as Horovod: a bad one gets its own error even before hvd.init().
     named = arguments.before_transport(optimizer, named_parameters, num_groups, groups,
                                        backward_passes_per_step, op, model)
-    library, group = _library(config, process_set, process_group)
+    library, group = transports.for_optimizer(config.transport, process_set, process_group)
     op, compression = (library.AVERAGE if op is None else op,
                        library.COMPRESSION_NONE if compression is None else compression)
     arguments.with_transport(op, gradient_predivide_factor, library)
     cls = _generated_class(optimizer.__class__, library)
     return cls(optimizer.param_groups, named, compression, backward_passes_per_step, op,
                gradient_predivide_factor, sparse_as_dense, library.transport(group), model, config)
-
-
-def _library(config: SchedulerConfig, process_set: Any, process_group: Any) -> tuple[Any, Any]:
-    """The transport module (``transports.select``) and the group it reduces over."""
-    if process_set is not None and process_group is not None:
-        raise ValueError("dcredit_hvd: pass process_set (Horovod) or process_group "
-                         "(torch.distributed), not both")
-    group = process_set if process_set is not None else process_group
-    library = transports.select(config.transport, group)
-    return library, library.default_group() if group is None else group
 
 
 def _generated_class(base: type, library: Any) -> type:

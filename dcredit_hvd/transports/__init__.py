@@ -81,3 +81,14 @@ def select(name: Optional[str], group: Any = None) -> ModuleType:
                         f"({', '.join(NAMES)}), got {type(group).__name__}: a Horovod process set "
                         "as process_set, or a torch.distributed group as process_group")
     raise RuntimeError(NOTHING_INITIALIZED)
+
+
+def for_optimizer(name: str, process_set: Any, process_group: Any) -> tuple[Any, Any]:
+    """The transport module (``select``) for an optimizer given ``process_set`` (Horovod) or
+    ``process_group`` (torch.distributed), and the group it reduces over."""
+    if process_set is not None and process_group is not None:
+        raise ValueError("dcredit_hvd: pass process_set (Horovod) or process_group "
+                         "(torch.distributed), not both")
+    group = process_set if process_set is not None else process_group
+    library = select(name, group)
+    return library, library.default_group() if group is None else group
