@@ -83,6 +83,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._state.passes = passes
         self._state.reset_delays()
 
+    state = shards.OPTIMIZER_STATE   # torch's; shard=True: a view of this rank's slices
+
     def synchronize(self) -> None:
         """Send whatever is left (zeros for gradients this rank never computed) and wait until
         every block is reduced and written back into ``p.grad``."""

@@ -91,6 +91,8 @@ class ShardedUpdate:
         self._pending_full: Optional[dict] = None             # the full form, likewise
         self._position = {p: i for i, p in
                           enumerate(p for g in opt.param_groups for p in g["params"])}
+        self._of_param: dict[int, list[Piece]] = {}           # index -> its pieces, in order
+        self.view = StateView(self)
 
     # -- completion thread ----------------------------------------------------------------
     def block_reduced(self, p: torch.Tensor, block_start: int, output: torch.Tensor) -> None:
@@ -117,6 +119,8 @@ class ShardedUpdate:
                 # A view of the parameter's slice: the update lands in the parameter (and in
                 # what the all-gather sends) without a copy, and a loaded parameter is seen.
                 self.pieces[key] = Piece(p, key[0], start, stop, _slice(p, start, stop))
+        for key, pc in sorted(self.pieces.items()):
+            self._of_param.setdefault(key[0], []).append(pc)
         groups = []
         for group in self._opt.param_groups:
             owned = {self._position[p] for p in group["params"]}
@@ -260,6 +264,48 @@ class ShardedUpdate:
             self._pending_inner = shard["inner"]
         return {"state": {}, "param_groups": loaded["param_groups"]}
 
+    def parameter_state(self, p: torch.Tensor) -> Optional[SliceState]:
+        """``p``'s state on this rank (``StateView``), or None where this rank keeps none."""
+        index = self._position.get(p)
+        if self.inner is None or index is None:
+            return None
+        pieces = [pc for pc in self._of_param.get(index, []) if self.inner.state.get(pc.tensor)]
+        if not pieces:
+            return None
+        states = [self.inner.state[pc.tensor] for pc in pieces]
+        entry: dict[str, Any] = {}
+        for k, first in states[0].items():
+            if not all(k in s for s in states):
+                continue
+            if all(_per_element(s[k], pc.stop - pc.start) for s, pc in zip(states, pieces)):
+                entry[k] = self._contiguous(pieces, k)
+            else:     # per-parameter (Adam's step): each piece keeps its own, all equal
+                entry[k] = first.detach().clone() if torch.is_tensor(first) else first
+        return SliceState(entry, [(pc.start, pc.stop) for pc in pieces])
+
+    def _contiguous(self, pieces: list[Piece], key: str) -> torch.Tensor:
+        """One tensor whose elements *are* the pieces' ``key`` state, in the pieces' order.
+
+        Where the pieces' tensors are not consecutive in one storage (each piece's state is
+        allocated apart by the inner optimizer, or replaced by a load), they are moved into one
+        buffer, each piece's state becoming a view of its range of it: the inner optimizer
+        updates the views in place, so what the user reads is live, and an in-place change by
+        the user is what the next step uses."""
+        values = [self.inner.state[pc.tensor][key] for pc in pieces]
+        if len(values) == 1:
+            return values[0]
+        if not _consecutive(values):
+            home = torch.cat([v.detach() for v in values])
+            offset = 0
+            for pc, v in zip(pieces, values):
+                self.inner.state[pc.tensor][key] = home[offset:offset + v.numel()]
+                offset += v.numel()
+            return home
+        first = values[0]
+        whole = torch.empty(0, dtype=first.dtype, device=first.device)
+        return whole.set_(first.untyped_storage(), first.storage_offset(),
+                          (sum(v.numel() for v in values),))
+
     # -- the full form: torch.optim's own state_dict, for any rank count or none ---------------
     def full_state_dict(self, saved: dict) -> dict:
         """Every rank's slices of the state gathered into ``torch.optim``'s form over the whole
@@ -303,6 +349,123 @@ class ShardedUpdate:
                             for k, v in src.items()}
         loaded["state"] = state
         self.inner.load_state_dict(loaded)
+
+
+READ_ONLY = (
+    "shard=True: optimizer.state is a view of this rank's slices of the state ({what}); "
+    "change a tensor in place (opt.state[p]['exp_avg'].zero_()), or load a state with "
+    "opt.load_state_dict(...) (a full form from full_state_dict() is sliced for each rank)"
+)
+
+
+class SliceState(Mapping):
+    """``opt.state[p]`` under ``shard=True``: torch's keys for ``p``, for this rank's elements.
+
+    A tensor with one value per element (``exp_avg``, ``momentum_buffer``) is 1-D, of
+    ``sum(stop - start for start, stop in ranges)`` elements: ``p.view(-1)[start:stop]`` for each
+    range in order.  Those tensors are live: an in-place change is what the next ``step()``
+    uses.  A per-parameter value (Adam's ``step``) is a copy, since each slice keeps its own.
+    Keys cannot be set or deleted (each piece's state would have to be cut from the new value)."""
+
+    def __init__(self, entry: dict[str, Any], ranges: list[tuple[int, int]]) -> None:
+        self._entry = entry
+        self.ranges = ranges          # [start, stop) of the parameter's flat view, in order
+
+    def __getitem__(self, key: str) -> Any:
+        return self._entry[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entry)
+
+    def __len__(self) -> int:
+        return len(self._entry)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        raise TypeError(READ_ONLY.format(what=f"cannot set {key!r}"))
+
+    def __delitem__(self, key: str) -> None:
+        raise TypeError(READ_ONLY.format(what=f"cannot delete {key!r}"))
+
+    def __repr__(self) -> str:
+        return f"SliceState(ranges={self.ranges}, {self._entry!r})"
+
+
+class StateView(Mapping):
+    """``optimizer.state`` under ``shard=True``: the parameters this rank keeps state for, each
+    mapped to its ``SliceState``, so that ``for p in opt.state`` and ``opt.state[p][key]`` work
+    as on torch's ``defaultdict`` (a parameter without state here reads as an empty mapping).
+    Read-only as a mapping; empty before the first ``step()``, as torch's is."""
+
+    def __init__(self, sharded: ShardedUpdate) -> None:
+        self._sharded = sharded
+
+    def _params(self) -> list[torch.Tensor]:
+        sharded = self._sharded
+        if sharded.inner is None:
+            return []
+        owned = {pc.index for pc in sharded.pieces.values() if sharded.inner.state.get(pc.tensor)}
+        return [p for p, i in sharded._position.items() if i in owned]
+
+    def __getitem__(self, p: Any) -> Mapping[str, Any]:
+        entry = self._sharded.parameter_state(p) if torch.is_tensor(p) else None
+        return SliceState({}, []) if entry is None else entry
+
+    def get(self, p: Any, default: Any = None) -> Any:
+        entry = self._sharded.parameter_state(p) if torch.is_tensor(p) else None
+        return default if entry is None else entry
+
+    def __contains__(self, p: object) -> bool:
+        return any(q is p for q in self._params())
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return iter(self._params())
+
+    def __len__(self) -> int:
+        return len(self._params())
+
+    def __setitem__(self, p: Any, value: Any) -> None:
+        raise TypeError(READ_ONLY.format(what="cannot set a parameter's entry"))
+
+    def __delitem__(self, p: Any) -> None:
+        raise TypeError(READ_ONLY.format(what="cannot delete a parameter's entry"))
+
+    def __repr__(self) -> str:
+        return f"StateView({len(self)} parameters with state on this rank)"
+
+
+def _optimizer_state(opt: torch.optim.Optimizer) -> Any:
+    state = opt.__dict__.get("_state")
+    if state is not None and state.sharded is not None:
+        return state.sharded.view
+    return opt.__dict__["state"]
+
+
+def _set_optimizer_state(opt: torch.optim.Optimizer, value: Any) -> None:
+    # torch.optim.Optimizer.__init__ sets it (and __setstate__, from load_state_dict, writes
+    # the instance's dict): the plain state, empty under shard=True, where the pieces'
+    # optimizer keeps the state.
+    opt.__dict__["state"] = value
+
+
+#: ``optimizer.state`` of the generated class (``optimizer.py``).
+OPTIMIZER_STATE = property(_optimizer_state, _set_optimizer_state, doc=(
+    "torch's per-parameter state; with ``shard=True`` a read-only ``shards.StateView``: "
+    "``state[p]`` has torch's keys, but its moments are 1-D and hold only this rank's elements "
+    "of ``p`` (``state[p].ranges``; live: an in-place change is what the next step uses); "
+    "``full_state_dict()`` gathers the whole parameters' state."))
+
+
+def _consecutive(values: list[torch.Tensor]) -> bool:
+    """Whether ``values`` are contiguous, of one dtype, and follow each other in one storage."""
+    first = values[0]
+    at = first.storage_offset()
+    for v in values:
+        if (not v.is_contiguous() or v.dtype != first.dtype or v.device != first.device
+                or v.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()
+                or v.storage_offset() != at):
+            return False
+        at += v.numel()
+    return True
 
 
 def _slice(p: torch.Tensor, start: int, stop: int) -> torch.Tensor:

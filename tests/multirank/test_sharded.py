@@ -6,11 +6,21 @@ Run on every rank under ``mpirun -np 2`` and ``horovodrun -np 2 --gloo`` (``make
 """
 from __future__ import annotations
 
+import copy
+
 import horovod.torch as hvd
 import pytest
 import torch
 import torch.nn.functional as F
 from small_models import POLICIES, PROFILE
+from state_view_checks import (
+    OPTIMIZERS,
+    check_live_and_read_only,
+    check_one_block_concatenates,
+    check_view,
+    params_of,
+    zero_moments,
+)
 
 import dcredit_hvd
 
@@ -106,7 +116,9 @@ def test_sharded_optimizer_state_is_about_one_nth_per_rank():
     full, mine = state_bytes(plain), opt._state.sharded.state_bytes()
     share = mine / full
     everyone = hvd.allgather_object(mine)
-    assert_all_ranks(state_bytes(opt) == 0, "the full optimizer state exists on a sharded rank")
+    # opt.state is this rank's slices (moments of 1/N of the elements), not the whole state.
+    assert_all_ranks(abs(state_bytes(opt) / full - 1 / hvd.size()) < 0.1,
+                     f"opt.state holds {state_bytes(opt)} of {full} bytes")
     assert_all_ranks(abs(share - 1 / hvd.size()) < 0.1,
                      f"rank {hvd.rank()} holds {mine} of {full} bytes ({share:.3f})")
     # Every step counter is a one-element tensor per slice: the slices add up to the whole.
@@ -205,3 +217,59 @@ def test_a_parameter_given_new_storage_between_steps_is_still_updated():
     got, _, _ = sharded(SHARDABLE["adam"], 4,
                         hooks=lambda model, opt: {"after_step": lambda: rebind(model)})
     assert_all_ranks(params_close(got, expected), f"max rel diff {max_rel_diff(got, expected)}")
+
+
+@pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS))
+def test_optimizer_state_shows_each_parameters_slice_with_torchs_keys(opt_name):
+    """``opt.state[p]`` under shard=True: torch's keys, this rank's elements of ``p`` (equal to
+    the unsharded run's there), every rank's slices together the whole state."""
+    _, plain = reference(OPTIMIZERS[opt_name], steps=3)
+    plain_state = [dict(plain.state[p]) for p in params_of(plain)]
+    _, opt, _ = sharded(OPTIMIZERS[opt_name], steps=3)
+    problems = check_view(opt, plain_state, hvd.rank(), hvd.size(), hvd.allgather_object)
+    problems += check_one_block_concatenates(opt, plain_state, hvd.size(), hvd.allgather_object)
+    problems += check_live_and_read_only(opt)
+    assert_all_ranks(not problems, "; ".join(problems))
+    assert_all_ranks(opt.state_dict()["state"] == {}, "state_dict()'s own state is not empty")
+
+
+@pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS))
+def test_moments_zeroed_in_place_through_the_view_reach_the_next_step(opt_name):
+    """The view's moments are the state the next step uses: zeroing them after step 2 on both
+    runs gives the same weights at step 5 (and different ones from a run that never zeroed)."""
+    def zeroing(opt):
+        calls = [0]
+
+        def after():
+            calls[0] += 1
+            if calls[0] == 2:
+                zero_moments(opt)
+        return after
+
+    model = make_model()
+    plain = hvd.DistributedOptimizer(OPTIMIZERS[opt_name](model.parameters()),
+                                     named_parameters=model.named_parameters())
+    expected = train(model, plain, 5, after_step=zeroing(plain))
+    untouched, _, _ = sharded(OPTIMIZERS[opt_name])
+    got, _, _ = sharded(OPTIMIZERS[opt_name],
+                        hooks=lambda model, opt: {"after_step": zeroing(opt)})
+    assert_all_ranks(params_close(got, expected), f"max rel diff {max_rel_diff(got, expected)}")
+    assert_all_ranks(not params_close(untouched, expected), "zeroing the moments changed nothing")
+
+
+def test_optimizer_state_is_empty_before_the_first_step_and_refilled_after_a_load():
+    model = make_model()
+    opt = dcredit_hvd.DistributedOptimizer(OPTIMIZERS["adam"](model.parameters()),
+                                           named_parameters=model.named_parameters(),
+                                           shard=True, policy="bytescheduler", **UNEVEN)
+    assert_all_ranks(len(opt.state) == 0 and not list(opt.state), "state before any step")
+    p = params_of(opt)[0]
+    assert_all_ranks(len(opt.state[p]) == 0 and opt.state.get(p) is None, "a missing entry")
+    train(model, opt, 2)
+    saved = copy.deepcopy(opt.state_dict())     # torch's state_dict shares the tensors
+    before = {k: v.clone() for k, v in opt.state[p].items()}
+    zero_moments(opt)
+    opt.load_state_dict(saved)
+    after = opt.state[p]
+    assert_all_ranks(all(torch.equal(after[k], v) for k, v in before.items()),
+                     "load_state_dict did not bring back the state the view shows")

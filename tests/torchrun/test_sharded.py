@@ -10,11 +10,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 from small_models import POLICIES, PROFILE, batches, make_model, max_rel_diff, params_close
+from state_view_checks import (
+    OPTIMIZERS,
+    check_live_and_read_only,
+    check_one_block_concatenates,
+    check_view,
+    params_of,
+)
 from test_ddp_parity import NETS, ours, reference
 
 import dcredit_hvd
 
-from conftest import assert_all_ranks, rank, same_on_every_rank, size
+from conftest import assert_all_ranks, gather, rank, same_on_every_rank, size
 
 UNEVEN = dict(partition_bytes=500, credit_bytes=2048)   # 125 float32: odd, split unevenly
 SHARDABLE = {
@@ -246,3 +253,20 @@ def test_two_sharded_optimizers_over_parts_of_one_model_match_ddp():
     assert_all_ranks(params_close(got, expected), f"max rel diff {max_rel_diff(got, expected)}")
     for opt in opts:
         opt.close()
+
+
+@pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("net", sorted(NETS))
+def test_optimizer_state_shows_each_parameters_slice_with_torchs_keys(net: str, opt_name: str):
+    """``opt.state[p]`` under shard=True on torch.distributed: torch's keys, this rank's
+    elements of ``p`` (the unsharded run's there), every rank's slices together the whole."""
+    _, plain = ours(net, OPTIMIZERS[opt_name], steps=3, with_model=False, policy="wfbp",
+                    **UNEVEN)
+    plain_state = [dict(plain.state[p]) for p in params_of(plain)]
+    plain.close()
+    _, opt = _sharded(net, OPTIMIZERS[opt_name], steps=3, policy="wfbp")
+    problems = check_view(opt, plain_state, rank(), size(), gather)
+    problems += check_one_block_concatenates(opt, plain_state, size(), gather)
+    problems += check_live_and_read_only(opt)
+    assert_all_ranks(not problems, "; ".join(problems))
+    opt.close()
