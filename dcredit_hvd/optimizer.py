@@ -317,9 +317,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     * ``group_bytes``: ``dcredit`` sends runs of consecutive gradients smaller than this from
       one flat buffer (0: never); chosen by the planner unless given.
     * ``shard``: reduce-scatter instead of all-reduce; each rank updates, and keeps optimizer
-      state for, its ``1/N`` of every block; the parameters are all-gathered, during the next
-      forward with ``model=`` (``runtime/shards.py``; ``clip_grad_norm_()``,
-      ``full_state_dict()``).  ``DCREDIT_SHARD``.
+      state for, its ``1/N`` of every block (``state[p]``: a read-only view of this rank's
+      slice); the parameters are all-gathered, during the next forward with ``model=``
+      (``runtime/shards.py``; ``clip_grad_norm_()``, ``full_state_dict()``).  ``DCREDIT_SHARD``.
     * the rest (polling, stalls, profiling, re-planning, the race (``tune``), CUDA staging,
       the race amplifier, the liveness channel) are ``SchedulerConfig``'s fields of the same
       names.
