@@ -88,10 +88,40 @@ def register(command: Command) -> Command:
     return command
 
 
+#: The simulator's names that neither the runtime nor the bench takes, one line each.
+SIMULATOR_ONLY = {
+    "immediate": "every block sent the moment its gradient is ready, at partition_bytes, no "
+                 "window (the non-gate ranks' rule)",
+}
+
+
+def simulator_policies() -> dict[str, str]:
+    """Every name ``simulate --policies`` accepts, with its one line: the runtime's policies'
+    (``policies.DESCRIBE``), Horovod's the bench's, the rest ``SIMULATOR_ONLY``."""
+    from .bench.report import BASELINE_DESCRIPTIONS
+    from .planning import simulator
+    from .policies import DESCRIBE
+
+    known = {**DESCRIBE, "horovod": BASELINE_DESCRIPTIONS["horovod"], **SIMULATOR_ONLY}
+    return {name: known[name] for name in simulator.POLICY_NAMES}
+
+
+def _policies_epilog() -> str:
+    """The top-level ``--help``'s list: the runtime's policies, then what simulate adds."""
+    from .bench.report import describe_lines
+    from .policies import DESCRIBE, POLICIES
+
+    extra = {k: v for k, v in simulator_policies().items() if k not in POLICIES}
+    return ("policies (DistributedOptimizer(policy=...), DCREDIT_POLICY, simulate --policies):\n"
+            + describe_lines({name: DESCRIBE[name] for name in POLICIES})
+            + "\nsimulate --policies also takes:\n" + describe_lines(extra))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m dcredit_hvd",
-        description="D-Credit communication scheduling for Horovod: tools.")
+        description="D-Credit communication scheduling for Horovod: tools.",
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_policies_epilog())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for command in COMMANDS.values():
@@ -280,19 +310,23 @@ def _size(nbytes: int | None) -> str:
 
 
 def _configure_simulate(p: argparse.ArgumentParser) -> None:
+    from .bench.report import describe_lines
     from .planning import simulator
 
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.epilog = "--policies names:\n" + describe_lines(simulator_policies())
     _add_model_args(p, sweep=True)
     p.add_argument("--partition", type=_positive_size, default=simulator.DEFAULT_PARTITION_BYTES,
                    help="bytescheduler's block size (default 4MB = 1M float32 elements)")
     p.add_argument("--credit", type=_positive_size, default=simulator.DEFAULT_CREDIT_BYTES,
                    help="bytescheduler's credit (default 16MB = 4M float32 elements)")
     p.add_argument("--policies", default="horovod,wfbp,bytescheduler,dcredit",
-                   help="comma-separated policies to simulate (default: all)")
+                   help="comma-separated policies to simulate, listed below (default: "
+                        "horovod,wfbp,bytescheduler,dcredit)")
     p.add_argument("--shard", action="store_true",
-                   help="the sharded mode: reduce-scatter in backward, each rank updates its "
-                        "1/N shard, all-gather in the next forward (implies --overlap; "
-                        "simulator only, the runtime has no sharded mode yet)")
+                   help="the sharded mode (the runtime's shard=True): reduce-scatter in "
+                        "backward, each rank updates its 1/N shard, all-gather in the next "
+                        "forward (implies --overlap; every policy but horovod)")
     p.add_argument("--markdown", action="store_true", help="print tables in Markdown")
 
 

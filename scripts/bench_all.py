@@ -189,8 +189,11 @@ def plot(results: list[tuple[str, str, dict]], out: Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from dcredit_hvd.bench.report import policy_epilog
+
     parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=policy_epilog())
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--hosts", default="2,4", help="cluster sizes, e.g. 2,4")
     parser.add_argument("--rates", default="1gbit,10gbit")
@@ -198,8 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=1,
                         help="each launch runs every policy this many times in turn (pooled)")
     parser.add_argument("--policies", default=POLICIES,
-                        help=f"the --policy of every launch (default {POLICIES}; e.g. add "
-                        "dcredit-td: dcredit on torch.distributed)")
+                        help=f"the --policy of every launch, names listed below (default "
+                        f"{POLICIES}; e.g. add dcredit-td: dcredit on torch.distributed)")
     parser.add_argument("--quick", action="store_true", help="2 hosts, 1gbit, 2 iterations")
     parser.add_argument("--out", default=str(ROOT / "results" / "bench"))
     parser.add_argument("--report-only", action="store_true",

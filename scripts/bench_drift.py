@@ -37,6 +37,18 @@ from dcredit_hvd.bench.sidebyside import link_need  # noqa: E402  (torch-free: t
 MODEL = {"vocab": 4096, "ctx": 128, "seq_len": 128, "d": 256, "layers": 4, "heads": 8}
 BATCH = 4
 POLICIES = ("dcredit", "dcredit-static", "bytescheduler", "horovod")
+#: This bench's own row beside the runtime's policies and Horovod, one line.
+STATIC = {"dcredit-static": "dcredit with replan=False: the first plan kept through every "
+                            "rate change (what re-planning is measured against)"}
+
+
+def policies_epilog() -> str:
+    """``--policies`` names: the runtime's policies, Horovod, ``dcredit-static``, one line each."""
+    from dcredit_hvd.bench.report import BASELINE_DESCRIPTIONS, describe_lines
+    from dcredit_hvd.policies import DESCRIBE
+
+    return ("--policies names:\n" + describe_lines(
+        {**DESCRIBE, **STATIC, "horovod": BASELINE_DESCRIPTIONS["horovod"]}))
 
 
 # ---- the worker: one policy, on every rank, inside the virtual cluster -------------------------
@@ -202,13 +214,17 @@ def recovery(rows: list[dict]) -> int | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=policies_epilog())
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--policy", default=None)
+    # The worker's one row (a --policies name, or the bounds compute / communication).
+    parser.add_argument("--policy", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None)
     parser.add_argument("--schedule", default="1gbit,250mbit@25,1gbit@50")
     parser.add_argument("--duration", type=float, default=75.0)
-    parser.add_argument("--policies", default=",".join(POLICIES))
+    parser.add_argument("--policies", default=",".join(POLICIES),
+                        help=f"rows, listed below (default {','.join(POLICIES)})")
     parser.add_argument("--steady", type=int, default=0,
                         help="instead: N iterations at a steady 1 Gbit/s, dcredit only; counts re-plans")
     parser.add_argument("--small", action="store_true", help="a 2-layer d=128 model (faster iterations)")

@@ -288,8 +288,11 @@ def plot(cells: list[dict], path: Path) -> bool:
 
 
 def main() -> int:
+    from dcredit_hvd.bench.report import policy_epilog
+
     p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=policy_epilog())
     p.add_argument("--models", default=",".join(replay.SHIPPED))
     p.add_argument("--hosts", default="4,8,16")
     p.add_argument("--targets", default="10gbit,25gbit")
@@ -297,7 +300,8 @@ def main() -> int:
                    help="bits/s of all hosts' NICs together (default 800e6: 100mbit on 8 hosts)")
     p.add_argument("--k", type=float, default=None,
                    help="time dilation to aim at (default: the host count, at least 4)")
-    p.add_argument("--policies", default="horovod,ddp,wfbp,bytescheduler,dcredit-sync,dcredit")
+    p.add_argument("--policies", default="horovod,ddp,wfbp,bytescheduler,dcredit-sync,dcredit",
+                   help="the emulated bench's --policy of every cell, names listed below")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--timeout", type=int, default=1500)

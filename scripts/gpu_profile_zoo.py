@@ -47,7 +47,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from dcredit_hvd.__main__ import _size as cli_size  # noqa: E402
-from dcredit_hvd.__main__ import parse_rate, parse_time  # noqa: E402
+from dcredit_hvd.__main__ import parse_rate, parse_time, simulator_policies  # noqa: E402
 from dcredit_hvd.bench import zoo  # noqa: E402
 from dcredit_hvd.planning import simulator  # noqa: E402
 from dcredit_hvd.planning.profile import Profile  # noqa: E402
@@ -438,8 +438,12 @@ def _size(nbytes: int | None) -> str:
 # ------------------------------------------------------------------------------------------
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from dcredit_hvd.bench.report import describe_lines
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="--policies names (the simulator's):\n"
+                                + describe_lines(simulator_policies()))
     p.add_argument("command", nargs="?", default="all", choices=("all", "measure", "predict"),
                    help="measure (profiles), predict (from profiles in --out), or all (default)")
     p.add_argument("--out", default="zoo_profiles", help="folder for profiles and predictions")
@@ -455,7 +459,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", default=DEFAULT_WORKERS, help=f"default {DEFAULT_WORKERS}")
     p.add_argument("--bandwidths", default=DEFAULT_BANDWIDTHS, help=f"default {DEFAULT_BANDWIDTHS}")
     p.add_argument("--latency", type=parse_time, default=50e-6, help="per hop (default 50us)")
-    p.add_argument("--policies", default=DEFAULT_POLICIES, help=f"default {DEFAULT_POLICIES}")
+    p.add_argument("--policies", default=DEFAULT_POLICIES,
+                   help=f"simulated policies, listed below (default {DEFAULT_POLICIES})")
     p.add_argument("--modes", default="sync,overlap", help="sync and/or overlap (default both)")
     p.add_argument("--reference", default="16,10Gbit",
                    help="WORKERS,BANDWIDTH of the cost model written into the profiles")

@@ -153,10 +153,16 @@ def run_soak(steps: int = 2000, warmup: int = 200, policy: str = "dcredit",
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    from dcredit_hvd.bench.report import describe_lines
+    from dcredit_hvd.policies import DESCRIBE, POLICIES
+
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="--policy names:\n" + describe_lines({name: DESCRIBE[name] for name in POLICIES}))
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--warmup", type=int, default=200)
-    parser.add_argument("--policy", default="dcredit")
+    parser.add_argument("--policy", default="dcredit", help="the policy soaked, listed below "
+                        "(default dcredit)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     args = parser.parse_args(argv)
     hvd.init()

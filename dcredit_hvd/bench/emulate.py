@@ -42,8 +42,11 @@ POLICIES = "horovod,ddp,wfbp,bytescheduler,dcredit-sync,dcredit"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from .report import policy_epilog
+
     p = argparse.ArgumentParser(prog="python -m dcredit_hvd.bench.emulate", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=policy_epilog())
     p.add_argument("--profile", required=True, help="a shipped profile (resnet50, vgg16, "
                    "gpt2_small) or a JSON file written by profile_out / DCREDIT_PROFILE_OUT")
     p.add_argument("--target-rate", required=True, help="NIC rate of the emulated cluster, "
@@ -53,7 +56,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     scale = p.add_mutually_exclusive_group(required=True)
     scale.add_argument("--byte-scale", type=int, help="S: every gradient is 1/S of its size")
     scale.add_argument("--time-factor", type=float, help="K: every compute time times K")
-    p.add_argument("--policy", default=POLICIES)
+    p.add_argument("--policy", default=POLICIES,
+                   help=f"comma-separated row names, listed below (default {POLICIES})")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--slack", type=float, default=0.005,

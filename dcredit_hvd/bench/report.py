@@ -18,6 +18,40 @@ BASELINES = ("horovod", "ddp")
 #: Policy-name suffixes: without ``model=`` (step() waits for every gradient), and on the
 #: ``torch.distributed`` transport (the Gloo group of the ``ddp`` row) instead of Horovod.
 SYNC, TORCH_DISTRIBUTED, SHARD = "-sync", "-td", "-shard"
+#: What each bench-only row name does, one line each (``horovod`` also names the simulator's
+#: model of it): the one text every bench's and the simulator's ``--help`` lists.
+BASELINE_DESCRIPTIONS = {
+    "horovod": "plain hvd.DistributedOptimizer: Horovod's own tensor fusion and cycle, "
+               "no scheduler",
+    "ddp": "torch DistributedDataParallel over Gloo (25 MiB buckets), no scheduler",
+}
+#: What each suffix of a dcredit_hvd policy's row does (``PolicyName``), one line each.
+SUFFIX_DESCRIPTIONS = {
+    SYNC: "without model=: step() waits for every gradient instead of overlapping the next "
+          "forward",
+    TORCH_DISTRIBUTED: "on transport='torch.distributed', over the ddp row's Gloo group, "
+                       "instead of Horovod",
+    SHARD: "shard=True: reduce-scatter, each rank updates and keeps state for 1/N, all-gather "
+           "(not with dear)",
+}
+
+
+def describe_lines(rows: dict[str, str], indent: str = "  ") -> str:
+    """``rows`` (name -> one-line description) as aligned lines, for a raw ``--help`` epilog."""
+    width = max(map(len, rows))
+    return "\n".join(f"{indent}{name:<{width}}  {text}" for name, text in rows.items())
+
+
+def policy_epilog() -> str:
+    """The ``--help`` epilog of every command that takes bench row names (``PolicyName``):
+    dcredit_hvd's policies, the baselines, the suffixes."""
+    from ..policies import DESCRIBE, POLICIES
+
+    return ("policy names (comma-separated); dcredit_hvd's policies:\n"
+            + describe_lines({name: DESCRIBE[name] for name in POLICIES})
+            + "\nbaselines (no suffix):\n" + describe_lines(BASELINE_DESCRIPTIONS)
+            + "\nsuffixes of dcredit_hvd's policies, in any order (e.g. dcredit-sync, "
+              "bytescheduler-shard, dcredit-td):\n" + describe_lines(SUFFIX_DESCRIPTIONS))
 
 
 @dataclass(frozen=True)

@@ -51,8 +51,11 @@ from .report import (  # noqa: F401  (re-exported where scripts and tests read t
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from .report import policy_epilog
+
     parser = argparse.ArgumentParser(prog="python -m dcredit_hvd.bench.sidebyside", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=policy_epilog())
     parser.add_argument("--model", default="vgg16", help="zoo model (resnet50, vgg16, gpt2_small) "
                         "or a transformers model (hf_llama)")
     parser.add_argument("--model-arg", action="append", default=[], metavar="KEY=INT",
@@ -66,12 +69,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "pool the iterations of each: on a shared machine, a slow spell then "
                         "falls on every policy alike instead of on whichever ran during it")
     parser.add_argument("--policy", default="horovod,ddp,wfbp,bytescheduler,dcredit",
-                        help="comma-separated: horovod (hvd.DistributedOptimizer), ddp "
-                        "(torch DistributedDataParallel over Gloo) and/or dcredit_hvd policies; a '-sync' "
-                        "suffix (e.g. dcredit-sync) runs the policy without model=, so step() "
-                        "waits for every gradient instead of overlapping the next forward; a "
-                        "'-td' suffix (e.g. dcredit-td) runs it on transport='torch.distributed' "
-                        "over ddp's Gloo group instead of Horovod")
+                        help="comma-separated row names: dcredit_hvd's policies, each with "
+                        "optional suffixes, and the baselines (every name is listed below)")
     parser.add_argument("--partition-bytes", default=None)
     parser.add_argument("--credit-bytes", default=None)
     parser.add_argument("--fp16-allreduce", action="store_true")

@@ -14,6 +14,16 @@ if TYPE_CHECKING:
 
 #: Policies a user may name.
 POLICIES = ("dcredit", "bytescheduler", "wfbp", "dear")
+#: What each of ``POLICIES`` does, one line each: the one text every ``--help`` lists.
+DESCRIBE = {
+    "dcredit": "D-Credit (the runtime's default): measured first, then its planned partition "
+               "and dynamic windows",
+    "bytescheduler": "ByteScheduler: blocks of partition_bytes in priority order, at most "
+                     "credit_bytes in flight",
+    "wfbp": "wait-free back-propagation: each gradient whole, as soon as it is ready",
+    "dear": "DeAR: 25 MiB buffers reduce-scattered, then all-gathered in forward order "
+            "(saves no memory)",
+}
 
 
 def make_policy(name: str, credit_bytes: int, plan: Optional[Plan] = None, *,
@@ -36,4 +46,5 @@ def make_policy(name: str, credit_bytes: int, plan: Optional[Plan] = None, *,
     raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}")
 
 
-__all__ = ["POLICIES", "ByteScheduler", "DCredit", "DeAR", "Immediate", "Policy", "WFBP", "make_policy"]
+__all__ = ["DESCRIBE", "POLICIES", "ByteScheduler", "DCredit", "DeAR", "Immediate", "Policy", "WFBP",
+           "make_policy"]
