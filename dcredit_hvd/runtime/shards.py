@@ -93,6 +93,10 @@ class ShardedUpdate:
                           enumerate(p for g in opt.param_groups for p in g["params"])}
         self._of_param: dict[int, list[Piece]] = {}           # index -> its pieces, in order
         self.view = StateView(self)
+        # The user's class may make state at construction (Adagrad's ``sum``, for every
+        # parameter); the pieces' optimizer keeps the state here, so that copy would only cost
+        # the memory sharding saves.
+        opt.__dict__["state"].clear()
 
     # -- completion thread ----------------------------------------------------------------
     def block_reduced(self, p: torch.Tensor, block_start: int, output: torch.Tensor) -> None:
@@ -394,7 +398,9 @@ class StateView(Mapping):
     """``optimizer.state`` under ``shard=True``: the parameters this rank keeps state for, each
     mapped to its ``SliceState``, so that ``for p in opt.state`` and ``opt.state[p][key]`` work
     as on torch's ``defaultdict`` (a parameter without state here reads as an empty mapping).
-    Read-only as a mapping; empty before the first ``step()``, as torch's is."""
+    Read-only as a mapping; empty before the first ``step()``, as torch's is (Adagrad's too,
+    whose torch state exists from construction), and without the parameters that require no
+    gradient (they are not sharded; torch's Adagrad keeps a never-used state for them)."""
 
     def __init__(self, sharded: ShardedUpdate) -> None:
         self._sharded = sharded

@@ -21,10 +21,15 @@ OPTIMIZERS = {
 }
 
 
-def moment(key: str, value: Any) -> bool:
-    """One value per element of the parameter in torch's state (of the parameter's shape: 0-d
-    for a 0-d parameter, where Adam's ``step`` is 0-d too, so the key tells them apart)."""
-    return torch.is_tensor(value) and key != "step"
+#: torch's per-parameter (0-d) state keys of the elementwise optimizers.
+PER_PARAMETER = ("step", "eta", "mu", "mu_product")
+
+
+def moment(key: str, value: Any, param: torch.Tensor) -> bool:
+    """One value per element of ``param`` in torch's state: of its shape (0-d for a 0-d
+    parameter, where the per-parameter values are 0-d too, so the key tells them apart)."""
+    return (torch.is_tensor(value) and value.shape == param.shape
+            and not (value.dim() == 0 and key in PER_PARAMETER))
 
 
 def params_of(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
@@ -50,6 +55,8 @@ def check_view(opt: Any, plain_state: list[dict], rank: int, size: int,
     ``gather``: an all-gather of a picklable object over the ranks (a collective)."""
     problems: list[str] = []
     params = params_of(opt)
+    if opt.__dict__["state"]:
+        problems.append("the user's class keeps a state of its own beside the pieces' state")
     ranges = expected_ranges(opt, rank, size)
     listed = [next(i for i, q in enumerate(params) if q is p) for p in opt.state]
     if listed != sorted(ranges):
@@ -68,7 +75,7 @@ def check_view(opt: Any, plain_state: list[dict], rank: int, size: int,
         slices = {}
         for k, v in full.items():
             got = entry[k]
-            if moment(k, v):
+            if moment(k, v, params[i]):
                 if tuple(got.shape) != (elements,):
                     problems.append(f"#{i} {k}: shape {tuple(got.shape)}, not ({elements},)")
                     continue
@@ -98,7 +105,7 @@ def check_view(opt: Any, plain_state: list[dict], rank: int, size: int,
                     at += b - a
     for i, full in enumerate(plain_state):
         for k, v in full.items():
-            if not moment(k, v):
+            if not moment(k, v, params[i]) or not params[i].requires_grad:   # frozen: not sharded
                 continue
             if (i, k) not in rebuilt or not bool((covered[(i, k)] == 1).all()):
                 problems.append(f"#{i} {k}: the ranks' slices do not cover each element once")
@@ -118,7 +125,7 @@ def check_one_block_concatenates(opt: Any, plain_state: list[dict], size: int,
     problems = []
     for i in single:
         for k, v in plain_state[i].items():
-            if not moment(k, v):
+            if not moment(k, v, params[i]):
                 continue
             entry = opt.state[params[i]] if params[i] in opt.state else {}
             part = entry[k].detach().clone() if k in entry else torch.zeros(0, dtype=v.dtype)
