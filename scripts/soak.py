@@ -103,8 +103,9 @@ def _settled_rss() -> float:
 
 
 def run_soak(steps: int = 2000, warmup: int = 200, policy: str = "dcredit",
-             prefix: str = "soak") -> SoakReport:
-    """Train ``steps`` iterations (needs ``hvd.init()`` and 2+ ranks); figures after ``warmup``."""
+             prefix: str = "soak", **scheduler: object) -> SoakReport:
+    """Train ``steps`` iterations (needs ``hvd.init()`` and 2+ ranks); figures after ``warmup``,
+    which must cover dcredit's race (``scheduler``: more ``DistributedOptimizer`` keywords)."""
     import time
 
     torch.manual_seed(3)
@@ -118,7 +119,7 @@ def run_soak(steps: int = 2000, warmup: int = 200, policy: str = "dcredit",
         torch.optim.SGD(ours_model.parameters(), lr=0.02, momentum=0.9),
         named_parameters=[(f"{prefix}.{n}", p) for n, p in ours_model.named_parameters()],
         model=ours_model, policy=policy, partition_bytes=1024 if policy != "dcredit" else None,
-        profile_warmup=1, profile_steps=2)
+        profile_warmup=1, profile_steps=2, **scheduler)
     gen = torch.Generator().manual_seed(100 + hvd.rank())
     names: set[str] = set()
     warm = None

@@ -6,13 +6,12 @@ from __future__ import annotations
 import horovod.torch as hvd
 import pytest
 import torch
+from race_cases import CASES, RACE, Case, dcredit_clip, dcredit_wrap, identical, mismatch, switched, train
 
 import dcredit_hvd
 from dcredit_hvd.errors import SchedulerError
 
 from conftest import assert_all_ranks
-from race_cases import (CASES, RACE, Case, dcredit_clip, dcredit_wrap, identical, mismatch, switched,
-                        train)
 
 
 def _reference(case: Case) -> list[torch.Tensor]:
