@@ -226,8 +226,9 @@ class PlanLifecycle:
     def watching(self) -> bool:
         """A plan is in force and may be replaced: every rank sends the control word."""
         state = self.state
-        return (state.drift is not None and state.plan is not None and state.profiler is None
-                and state.race is None)
+        # ``measured``, not ``plan``: a baseline the race chose runs without a D-Credit plan.
+        return (state.drift is not None and state.measured is not None
+                and state.profiler is None and state.race is None)
 
     def submit_control(self) -> None:
         """One float, all-reduced beside the iteration's last blocks (the transport fuses it
