@@ -3,6 +3,8 @@ checkpoints and the sharded mode included, match plain ``hvd.DistributedOptimize
 rank, and every rank switches to the same winner (``race_cases.py`` has the cases)."""
 from __future__ import annotations
 
+import dataclasses
+
 import horovod.torch as hvd
 import pytest
 import torch
@@ -15,6 +17,9 @@ from conftest import assert_all_ranks
 
 
 def _reference(case: Case) -> list[torch.Tensor]:
+    """Plain Horovod, uninterrupted (no checkpoint)."""
+    case = dataclasses.replace(case, checkpoint_at=None)
+
     def wrap(opt, model):
         return hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                         backward_passes_per_step=case.passes)
