@@ -10,6 +10,9 @@ __version__ = "0.2.0"
 from . import moved as _moved
 
 _moved.install()
+from .frameworks import aliases as _aliases  # noqa: E402  (0.2.0's dcredit_hvd.lightning, .hf)
+
+_aliases.install()
 
 
 def __getattr__(name):

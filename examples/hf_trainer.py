@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import Dataset
 from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments
 
-from dcredit_hvd.hf import DCreditTrainer as Trainer  # was: from transformers import Trainer
+from dcredit_hvd.frameworks.hf import DCreditTrainer as Trainer  # was: from transformers import Trainer
 
 
 class RandomTokens(Dataset):

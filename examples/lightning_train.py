@@ -1,14 +1,16 @@
 """A PyTorch Lightning script trained with dcredit_hvd: one line away from its DDP version.
 
-The DDP version is the same file without the ``import dcredit_hvd.lightning`` line and with
-``strategy="ddp"``.  Launch it as any Lightning DDP script:
+The DDP version is the same file without the ``import dcredit_hvd.frameworks.pytorch_lightning``
+line and with ``strategy="ddp"`` (the unified package: ``import lightning.pytorch as pl`` and
+``import dcredit_hvd.frameworks.lightning``).  Launch it as any Lightning DDP script:
 
     python examples/lightning_train.py                                 # Lightning starts 2 ranks
     torchrun --nproc-per-node 2 examples/lightning_train.py            # torch.distributed
     horovodrun -np 2 -H localhost:2 --gloo python examples/lightning_train.py   # Horovod
 
 Settings: ``strategy=DCreditStrategy(policy="bytescheduler", model_overlap=False, ...)``
-(``from dcredit_hvd.lightning import DCreditStrategy``), or the ``DCREDIT_*`` variables.
+(``from dcredit_hvd.frameworks.pytorch_lightning import DCreditStrategy``), or the ``DCREDIT_*``
+variables.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-import dcredit_hvd.lightning  # noqa: F401  (registers strategy="dcredit")
+import dcredit_hvd.frameworks.pytorch_lightning  # noqa: F401  (registers strategy="dcredit")
 
 
 class Classifier(pl.LightningModule):

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """ms per step of one Hugging Face model: ``transformers.Trainer`` (DDP) against
-``dcredit_hvd.hf.DCreditTrainer``, and the same model, optimizer and schedule in a plain
+``dcredit_hvd.frameworks.hf.DCreditTrainer``, and the same model, optimizer and schedule in a plain
 ``torchrun`` loop with ``dcredit_hvd.DistributedOptimizer`` (what the Trainer path should cost:
 nothing, within 3%), on 2 virtual hosts with 1 Gbit/s NICs.
 
@@ -72,7 +72,7 @@ def worker(options: argparse.Namespace) -> None:
     from torch.utils.data.distributed import DistributedSampler
 
     import dcredit_hvd
-    from dcredit_hvd.hf import DCreditTrainer
+    from dcredit_hvd.frameworks.hf import DCreditTrainer
 
     torch.set_num_threads(1)
     torch.set_flush_denormal(True)

@@ -73,7 +73,7 @@ def main(args: argparse.Namespace) -> None:
     from torch.utils.data import DataLoader, TensorDataset
 
     import dcredit_hvd
-    import dcredit_hvd.lightning  # noqa: F401  (registers strategy="dcredit")
+    import dcredit_hvd.frameworks.pytorch_lightning  # noqa: F401  (registers strategy="dcredit")
 
     torch.set_num_threads(1)
     torch.set_flush_denormal(True)          # synthetic data turns values subnormal: slow on CPU

@@ -1,7 +1,7 @@
 """``DCreditTrainer``: the Hugging Face ``transformers.Trainer`` with ``dcredit_hvd`` scheduling
 its gradient all-reduces instead of DDP.
 
-    from dcredit_hvd.hf import DCreditTrainer
+    from dcredit_hvd.frameworks.hf import DCreditTrainer    # also: dcredit_hvd.hf (0.2.0's name)
     trainer = DCreditTrainer(model=model, args=args, train_dataset=ds)   # was: Trainer(...)
     trainer.train()
 
@@ -32,13 +32,20 @@ from collections.abc import Mapping
 from contextlib import ExitStack
 from typing import Any, Optional
 
+import accelerate
 import torch
 import torch.distributed as dist
+import transformers
 from torch import nn
 from transformers import Trainer, TrainerCallback
 
 import dcredit_hvd
 from dcredit_hvd.config import SchedulerConfig
+
+from .versions import require
+
+require("transformers", transformers.__version__)
+require("accelerate", accelerate.__version__)
 
 #: ``DistributedOptimizer`` keywords a ``dcredit=`` mapping may set (the Trainer sets the rest).
 _OWN = ("named_parameters", "model", "backward_passes_per_step")

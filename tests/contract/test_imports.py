@@ -16,10 +16,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[2] / "dcredit_hvd"
 #: which start the launcher's library as the framework's own strategies do.
 LIBRARY_USERS = {
     "horovod": {"dcredit_hvd.transports.horovod", "dcredit_hvd.bench.sidebyside",
-                "dcredit_hvd.bench.emulate", "dcredit_hvd.lightning"},
+                "dcredit_hvd.bench.emulate", "dcredit_hvd.frameworks.horovod_env"},
     "torch.distributed": {"dcredit_hvd.transports.torch_distributed",
-                          "dcredit_hvd.bench.sidebyside", "dcredit_hvd.lightning",
-                          "dcredit_hvd.hf"},
+                          "dcredit_hvd.bench.sidebyside", "dcredit_hvd.frameworks.lightning_steps",
+                          "dcredit_hvd.frameworks.hf"},
 }
 #: The folders of the library proper, which must never import the measuring tools (bench/).
 LIBRARY_FOLDERS = ("runtime", "planning", "policies", "liveness", "transports")
@@ -128,7 +128,7 @@ def test_every_module_lives_in_its_concerns_folder():
     configuration and errors, the frameworks' entry points, the command lines)."""
     top = {p.stem for p in ROOT.glob("*.py")}
     assert top <= {"__init__", "__main__", "arguments", "config", "emulate", "errors", "moved",
-                   "optimizer", "lightning", "hf"}
+                   "optimizer"}
     for folder in (*LIBRARY_FOLDERS, "bench"):
         init = ROOT / folder / "__init__.py"
         assert init.exists() and ast.get_docstring(ast.parse(init.read_text())), folder

@@ -31,7 +31,7 @@ import transformers as tf
 from torch import nn
 from torch.utils.data import Dataset
 
-from dcredit_hvd.hf import DCreditTrainer
+from dcredit_hvd.frameworks.hf import DCreditTrainer
 
 VOCAB, SEQ, BATCH, IMAGE = 96, 12, 4, 16
 RTOL, ATOL = 1e-5, 1e-6

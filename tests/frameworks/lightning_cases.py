@@ -41,8 +41,8 @@ from pytorch_lightning.loggers import Logger
 from torch.utils.data import DataLoader, TensorDataset
 
 import dcredit_hvd
-import dcredit_hvd.lightning  # noqa: F401  (registers strategy="dcredit")
-from dcredit_hvd.lightning import DCreditStrategy
+import dcredit_hvd.frameworks.pytorch_lightning  # noqa: F401  (registers strategy="dcredit")
+from dcredit_hvd.frameworks.pytorch_lightning import DCreditStrategy
 
 #: The case group and the output folder (``main``'s arguments).
 GROUP, OUT = "", Path(".")

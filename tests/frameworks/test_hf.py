@@ -1,4 +1,4 @@
-"""``dcredit_hvd.hf.DCreditTrainer`` against the Hugging Face ``Trainer`` on DDP, in real
+"""``dcredit_hvd.frameworks.hf.DCreditTrainer`` against the Hugging Face ``Trainer`` on DDP, in real
 2-rank ``torchrun`` jobs (Gloo, CPU): no mocks.
 
 An ordinary single-process pytest: it launches ``hf_cases.py`` twice (module-scoped fixtures),

@@ -1,5 +1,5 @@
 """``Trainer(strategy="dcredit")`` against Lightning's own ``strategy="ddp"``, in real fits on two
-ranks (``dcredit_hvd/lightning.py``, ``docs/frameworks-lightning.md``).
+ranks (``dcredit_hvd/frameworks/pytorch_lightning.py``, ``docs/frameworks-lightning.md``).
 
 An ordinary single-process pytest: each launcher runs ``lightning_cases.py`` once (a module-scoped
 fixture), every rank writes a JSON of its cases, and each test below asserts one case of it.
