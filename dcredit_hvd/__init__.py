@@ -7,10 +7,7 @@
 """
 __version__ = "0.2.0"
 
-from . import moved as _moved
-
-_moved.install()
-from .frameworks import aliases as _aliases  # noqa: E402  (0.2.0's dcredit_hvd.lightning, .hf)
+from .frameworks import aliases as _aliases  # 0.2.0 released dcredit_hvd.lightning and .hf
 
 _aliases.install()
 

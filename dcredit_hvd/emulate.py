@@ -1,7 +1,8 @@
 """``python -m dcredit_hvd.emulate``: the emulated GPU cluster (``dcredit_hvd.bench.emulate``).
 
-Kept at the top so that the command users know keeps working after the bench moved into
-``dcredit_hvd/bench/``.
+A released command (0.2.0's README and ``scripts/bench_emulated.py`` run it), kept at the top as
+an alias after the bench moved into ``dcredit_hvd/bench/``; ``tests/contract/test_imports.py``
+checks that it still runs.
 """
 import sys
 
