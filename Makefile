@@ -44,9 +44,11 @@ run-suites:
 	  echo "== $$suite: $$(( $$(date +%s) - s )) s"; done; \
 	echo "== all suites: $$(( $$(date +%s) - all )) s"
 
+# Both cores: the unit tests are independent (pytest-xdist, one worker per core).
+XDIST ?= -n 2
 test-unit:
-	$(PY) -m pytest -q -p no:cacheprovider tests --ignore=tests/multirank --ignore=tests/torchrun \
-	  --ignore=tests/frameworks
+	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) tests --ignore=tests/multirank \
+	  --ignore=tests/torchrun --ignore=tests/frameworks
 
 test-mpi:
 	$(MPIRUN) $(PYTEST_MR)
@@ -62,8 +64,9 @@ test-gloo-full:
 
 # PyTorch Lightning and the Hugging Face Trainer against their own DDP: each test file launches
 # its driver under torchrun (Lightning also under horovodrun) once and checks every case.
+# Each file's launches stay in one worker (--dist loadfile); two files run at once.
 test-frameworks:
-	$(PY) -m pytest -q -p no:cacheprovider tests/frameworks
+	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) --dist loadfile tests/frameworks
 
 # The third launcher: tests/torchrun on the torch.distributed transport (Gloo, no Horovod), one
 # pytest per rank; --standalone picks a free port.  A test that runs past 300 s prints every

@@ -19,9 +19,13 @@ logged values (losses, validation losses, learning rates) of both.  The test ass
   with the uninterrupted fit; then rank 1 dies mid-fit (``os._exit``, hidden from torchrun by
   ``test_lightning.py``'s worker wrapper) and rank 0 must raise ``PeerLostError`` naming it.
 * ``horovod``: a subset on the Horovod transport, compared with ``main``'s DDP references.
+* ``unified`` (torchrun): a part of the matrix and the features on the unified ``lightning``
+  package (``lightning.pytorch``), against its own ``strategy="ddp"``; ``pytorch_lightning`` is
+  never imported in that launch.
 """
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -32,17 +36,23 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-import pytorch_lightning as pl
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from pytorch_lightning.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
-from pytorch_lightning.loggers import Logger
 from torch.utils.data import DataLoader, TensorDataset
 
 import dcredit_hvd
-import dcredit_hvd.frameworks.pytorch_lightning  # noqa: F401  (registers strategy="dcredit")
-from dcredit_hvd.frameworks.pytorch_lightning import DCreditStrategy
+
+#: Group ``unified`` runs on the unified ``lightning`` package (``lightning.pytorch``) and never
+#: imports ``pytorch_lightning``; every other group runs on ``pytorch_lightning``.
+UNIFIED = len(sys.argv) > 1 and sys.argv[1] == "unified"
+pl: Any = importlib.import_module("lightning.pytorch" if UNIFIED else "pytorch_lightning")
+Callback, LearningRateMonitor, ModelCheckpoint = (
+    pl.callbacks.Callback, pl.callbacks.LearningRateMonitor, pl.callbacks.ModelCheckpoint)
+Logger = pl.loggers.Logger
+#: Importing the entry point registers strategy="dcredit" in that package's registry.
+DCreditStrategy = importlib.import_module(
+    "dcredit_hvd.frameworks." + ("lightning" if UNIFIED else "pytorch_lightning")).DCreditStrategy
 
 #: The case group and the output folder (``main``'s arguments).
 GROUP, OUT = "", Path(".")
@@ -328,9 +338,10 @@ def against(ref: tuple[dict, dict], *args: Any, **kwargs: Any) -> dict:
 
 
 # -- the groups -------------------------------------------------------------------------------
-def parity_matrix() -> None:
+def parity_matrix(models: tuple[tuple[str, str], ...] = (
+        ("cnn", "sgd"), ("gpt2", "adamw"), ("bert", "adamw"))) -> None:
     """Every model x policy x overlap against DDP."""
-    for model, optimizer in (("cnn", "sgd"), ("gpt2", "adamw"), ("bert", "adamw")):
+    for model, optimizer in models:
         def module(model: str = model, optimizer: str = optimizer) -> pl.LightningModule:
             return Module(model, optimizer)
         ref = fit(module, "ddp", model)
@@ -486,6 +497,12 @@ def main() -> None:
         features(names=(*FEATURES, "lr-scheduler", "gan", "manual-accumulate"))
         refusals()
         resume_first_half()
+    elif GROUP == "unified":
+        parity_matrix(models=(("cnn", "sgd"), ("gpt2", "adamw")))
+        features(names=("accumulate", "clip-norm", "gan"))
+        RESULTS["packages"] = sorted({m.split(".")[0] for m in sys.modules
+                                      if "lightning" in m.split(".")[0]})
+        RESULTS["registered"] = pl.strategies.StrategyRegistry["dcredit"]["strategy"].__module__
     elif GROUP == "resume":
         resume_second_half()
     elif GROUP == "horovod":

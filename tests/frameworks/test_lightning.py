@@ -67,6 +67,9 @@ MATRIX = [f"{model}-{policy}-{mode}" for model in ("cnn", "gpt2", "bert")
           for policy in ("dcredit", "bytescheduler", "wfbp") for mode in ("overlap", "sync")]
 FEATURES = ["accumulate", "clip-norm", "clip-value", "bf16", "validation", "lr-scheduler", "gan",
             "manual-accumulate"]
+UNIFIED = [f"{model}-{policy}-{mode}" for model in ("cnn", "gpt2")
+           for policy in ("dcredit", "bytescheduler", "wfbp") for mode in ("overlap", "sync")] + [
+    "accumulate", "clip-norm", "gan"]
 HOROVOD = ["horovod-accumulate", "horovod-clip-norm", "horovod-validation",
            "horovod-lr-scheduler", "horovod-gan", "horovod-sync-clip-norm"]
 REFUSALS = {
@@ -159,6 +162,14 @@ def main_job(tmp_path_factory: pytest.TempPathFactory) -> Job:
 
 
 @pytest.fixture(scope="module")
+def unified_job(main_job: Job) -> Job:
+    pytest.importorskip("lightning")
+    job = _run(TORCHRUN + [DRIVER, "unified", str(main_job.folder)], main_job.folder, "unified")
+    assert job.code == 0, f"the unified-lightning launch exited {job.code}:\n{job.output[-4000:]}"
+    return job
+
+
+@pytest.fixture(scope="module")
 def resume_job(main_job: Job) -> Job:
     folder = main_job.folder
     command = TORCHRUN + ["--no-python", sys.executable, "-c", HIDE_RANK_1_DEATH, DRIVER,
@@ -210,6 +221,21 @@ def test_a_lightning_feature_under_dcredit_matches_ddp(main_job: Job, case: str)
         assert all(len(r["logged"]["val_loss"]) == 3 for r in results)
     if case == "lr-scheduler":
         assert all(len(set(r["logged"]["lr-SGD"])) == 3 for r in results), results[0]["logged"]
+
+
+@pytest.mark.parametrize("case", UNIFIED)
+def test_under_the_unified_lightning_package_the_strategy_matches_its_ddp(
+        unified_job: Job, case: str) -> None:
+    """``lightning.pytorch.Trainer`` with ``DCreditStrategy`` from ``dcredit_hvd.frameworks.lightning``
+    ends on ``lightning``'s own ``strategy="ddp"`` weights and logs."""
+    _assert_parity(unified_job.case(case), case)
+
+
+def test_the_unified_package_registers_its_own_strategy_and_never_meets_pytorch_lightning(
+        unified_job: Job) -> None:
+    for result in unified_job.ranks:
+        assert result["registered"] == "dcredit_hvd.frameworks.lightning", result["registered"]
+        assert "pytorch_lightning" not in result["packages"], result["packages"]
 
 
 @pytest.mark.parametrize("case", sorted(REFUSALS))
