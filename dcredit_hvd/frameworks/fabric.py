@@ -1,0 +1,335 @@
+"""``lightning.Fabric(strategy="dcredit")``: Fabric's data parallelism with the gradients
+all-reduced by ``dcredit_hvd``'s scheduler instead of a ``DistributedDataParallel`` wrap.
+
+    import dcredit_hvd.frameworks.fabric        # registers "dcredit" in Fabric's registry
+    fabric = lightning.Fabric(strategy="dcredit", accelerator="cpu", devices=2)
+
+Built on ``ParallelStrategy``, not ``DDPStrategy``: a ``DDPStrategy`` carries DDP's
+backward-sync control, whose ``no_backward_sync`` raises for any module that is not a DDP wrap,
+and only a private attribute could swap it.  Without one, Fabric's documented contract makes
+``fabric.no_backward_sync`` a no-op with a ``PossibleUserWarning``; that is harmless here
+because the wrapped optimizer itself holds the gradients back until the last of
+``DCreditFabricStrategy(backward_passes_per_step=N)`` backward passes (too many backward passes
+for ``N`` raise, they never average silently).  Only public ``Strategy`` methods are
+overridden, and no private attribute of torch or Lightning is read or written
+(``docs/frameworks-fabric.md``).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from datetime import timedelta
+from typing import Any, Optional, Union
+
+import lightning
+import torch
+import torch.distributed as dist
+from lightning.fabric.strategies import STRATEGY_REGISTRY, ParallelStrategy
+from lightning.fabric.utilities.rank_zero import rank_zero_only
+from torch import Tensor
+from torch.nn import Module
+from torch.optim import Optimizer
+
+import dcredit_hvd
+from dcredit_hvd.runtime.gradients import TOO_MANY_PASSES
+
+from .lightning_steps import torch_broadcast, unique_tensors
+from .lightning_strategy import NAME, PASSED
+from .versions import require
+
+__all__ = ["NAME", "DCreditFabricStrategy"]
+
+require("lightning", lightning.__version__)
+
+ALREADY_WRAPPED = (
+    "dcredit_hvd.frameworks.fabric: fabric.setup() got an optimizer that is already a "
+    "dcredit_hvd.DistributedOptimizer (or Horovod's); with strategy='dcredit' pass the plain "
+    "torch optimizer: the strategy wraps it (settings go to DCreditFabricStrategy(...)).")
+NO_MODULE = (
+    "dcredit_hvd.frameworks.fabric: the optimizer's parameters belong to no module set up "
+    "with this strategy; call fabric.setup(model, optimizer) (or fabric.setup_module(model) "
+    "first): the wrapper needs the model for its parameter names and forward order.")
+MORE_PASSES = (
+    "dcredit_hvd.frameworks.fabric: backward pass {done} before optimizer.step(), more than "
+    "the wrapper's backward_passes_per_step: with strategy='dcredit', fabric.no_backward_sync "
+    "does not hold gradients back (it is a no-op); set "
+    "DCreditFabricStrategy(backward_passes_per_step=N), N micro-batches per step.")
+DESCRIPTION = "data-parallel Fabric training with dcredit_hvd's scheduled gradient all-reduces"
+
+
+class DCreditFabricStrategy(ParallelStrategy):
+    """Data parallelism on torch.distributed, gradients reduced by ``dcredit_hvd``.
+
+    Args:
+        policy: ``"dcredit"`` (default), ``"bytescheduler"`` or ``"wfbp"``.
+        model_overlap: pass ``model=`` to the wrapper: ``step()`` returns at once and each
+            parameter is updated as soon as its gradient is reduced.
+        broadcast_buffers: rank 0's buffers before a forward, when DDP would broadcast them.
+        backward_passes_per_step: micro-batches per ``optimizer.step()`` (gradient
+            accumulation; ``fabric.no_backward_sync`` is then a no-op, see the module's doc).
+        **kwargs: the other ``dcredit_hvd.DistributedOptimizer`` keywords (``shard``,
+            ``partition_bytes``, ``credit_bytes``...), and ``process_group_backend``/``timeout``.
+    """
+
+    strategy_name = NAME
+
+    def __init__(self, policy: Optional[str] = None, model_overlap: bool = True,
+                 broadcast_buffers: bool = True, accelerator: Any = None,
+                 parallel_devices: Optional[list[torch.device]] = None,
+                 cluster_environment: Any = None, checkpoint_io: Any = None,
+                 precision: Any = None, process_group_backend: Optional[str] = None,
+                 timeout: timedelta = timedelta(minutes=30), **kwargs: Any) -> None:
+        unknown = sorted(set(kwargs) - set(PASSED))
+        if unknown:
+            raise TypeError(
+                f"DCreditFabricStrategy got unexpected argument(s) {', '.join(unknown)}: it "
+                "takes policy, model_overlap, broadcast_buffers, process_group_backend, timeout "
+                f"and DistributedOptimizer's: {', '.join(PASSED)}")
+        if kwargs.get("transport", "torch.distributed") != "torch.distributed":
+            raise ValueError("DCreditFabricStrategy runs on torch.distributed only "
+                             f"(transport={kwargs['transport']!r})")
+        super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
+                         cluster_environment=cluster_environment, checkpoint_io=checkpoint_io,
+                         precision=precision)
+        self.settings = dict(kwargs, transport="torch.distributed")
+        if policy is not None:
+            self.settings["policy"] = policy
+        self.model_overlap, self.broadcast_buffers = model_overlap, broadcast_buffers
+        self.backend, self.timeout = process_group_backend, timeout
+        self.wrappers: dict[int, tuple[Optimizer, Module]] = {}   # id(wrapper) -> it, model
+        self.modules: list[Module] = []
+        self.synced: set[int] = set()          # wrappers synchronize()d for the coming step
+        self.backwards = 0                     # backward passes since the last step
+        self.buffers_next: dict[int, bool] = {}
+        self.hooks: list[Any] = []
+
+    # -- processes -------------------------------------------------------------------------
+    @property
+    def root_device(self) -> torch.device:
+        assert self.parallel_devices is not None
+        return self.parallel_devices[self.local_rank]
+
+    @property
+    def num_processes(self) -> int:
+        return len(self.parallel_devices) if self.parallel_devices is not None else 0
+
+    @property
+    def launcher(self) -> Optional[ScriptLauncher]:
+        """Fabric's own ``launch()`` from a plain ``python script.py`` (one node); nothing to
+        start under torchrun, SLURM or another launcher that creates the processes."""
+        env = self.cluster_environment
+        if env is None or env.creates_processes_externally or self.num_processes < 2:
+            return None
+        return ScriptLauncher(env, self.num_processes)
+
+    def setup_environment(self) -> None:
+        """The device, the ranks and the default torch.distributed group, as DDP's."""
+        super().setup_environment()
+        env = self.cluster_environment
+        assert env is not None
+        if self.num_processes > 1 and not env.creates_processes_externally:
+            raise RuntimeError("strategy='dcredit' with several devices needs its processes: "
+                               "call fabric.launch() or launch with torchrun")
+        env.set_global_rank(self.node_rank * self.num_processes + self.local_rank)
+        if env.world_size() < self.num_processes:
+            env.set_world_size(self.num_processes)
+        rank_zero_only.rank = self.global_rank       # type: ignore[attr-defined]
+        if not dist.is_initialized():
+            os.environ.setdefault("MASTER_ADDR", env.main_address)
+            os.environ.setdefault("MASTER_PORT", str(env.main_port))
+            backend = self.backend or ("nccl" if self.root_device.type == "cuda" else "gloo")
+            dist.init_process_group(backend, rank=self.global_rank, world_size=self.world_size,
+                                    timeout=self.timeout)
+
+    def module_to_device(self, module: Module) -> None:
+        module.to(self.root_device)
+
+    # -- setup: no DDP wrap, rank 0's state, wrapped optimizers --------------------------------
+    def setup_module_and_optimizers(self, module: Module, optimizers: list[Optimizer],
+                                    scheduler: Any = None) -> tuple[Module, list[Optimizer], Any]:
+        module = self.setup_module(module)
+        return module, [self.wrap(opt, module) for opt in optimizers], scheduler
+
+    def setup_module(self, module: Module) -> Module:
+        """Rank 0's parameters and buffers everywhere (DDP does it when it wraps); the
+        buffer-broadcast hooks; the module itself is returned, not wrapped."""
+        if self.world_size > 1:
+            with torch.no_grad():
+                torch_broadcast(unique_tensors(module))
+        self.modules.append(module)
+        if self.broadcast_buffers and self.world_size > 1:
+            self.buffers_next[id(module)] = False       # just broadcast with the parameters
+            self.hooks += [module.register_forward_pre_hook(self.before_forward),
+                           module.register_forward_hook(self.after_forward)]
+        return module
+
+    def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
+        owned = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        for module in reversed(self.modules):
+            if owned <= {id(p) for p in module.parameters()}:
+                return self.wrap(optimizer, module)
+        raise TypeError(NO_MODULE)
+
+    def wrap(self, optimizer: Optimizer, module: Module) -> Optimizer:
+        if hasattr(optimizer, "synchronize") and hasattr(optimizer, "skip_synchronize"):
+            raise TypeError(ALREADY_WRAPPED)
+        settings = dict(self.settings)
+        passes = settings.pop("backward_passes_per_step", None) or 1
+        wrapper = dcredit_hvd.DistributedOptimizer(
+            optimizer, named_parameters=list(module.named_parameters()),
+            backward_passes_per_step=passes, model=module if self.model_overlap else None,
+            **settings)
+        if optimizer.state:                           # a state loaded before setup
+            wrapper.load_state_dict(optimizer.state_dict())
+        self.wrappers[id(wrapper)] = (wrapper, module)
+        return wrapper
+
+    def is_sharded(self, wrapper: Optimizer) -> bool:
+        return bool(wrapper.scheduler_config.shard) and self.world_size > 1   # type: ignore
+
+    # -- buffers, by DDP's rule ------------------------------------------------------------
+    def before_forward(self, module: Module, args: Any) -> None:
+        if self.buffers_next.get(id(module)):
+            buffers = [b.data for b in module.buffers() if b.numel()]
+            if buffers:
+                with torch.no_grad():
+                    torch_broadcast(buffers)
+
+    def after_forward(self, module: Module, args: Any, output: Any) -> None:
+        """DDP broadcasts before a forward that follows one with gradients and sync on; the
+        sync is on for the last micro-batch of a step (``backward_passes_per_step``)."""
+        passes = max((w.backward_passes_per_step for w, m in self.wrappers.values()
+                      if m is module), default=1)
+        self.buffers_next[id(module)] = (torch.is_grad_enabled()
+                                         and (self.backwards + 1) % passes == 0)
+
+    # -- backward, clipping, step ----------------------------------------------------------
+    def backward(self, tensor: Tensor, module: Optional[Module], *args: Any,
+                 **kwargs: Any) -> None:
+        try:
+            super().backward(tensor, module, *args, **kwargs)
+        except AssertionError as exc:
+            if str(exc) != TOO_MANY_PASSES:
+                raise
+            raise RuntimeError(MORE_PASSES.format(done=self.backwards + 1)) from exc
+        self.backwards += 1
+
+    def reduce_now(self, optimizer: Optimizer) -> bool:
+        """``synchronize()`` once before something reads the gradients ahead of ``step()``."""
+        if id(optimizer) not in self.wrappers:
+            return False
+        if id(optimizer) not in self.synced:
+            optimizer.synchronize()                     # type: ignore[attr-defined]
+            self.synced.add(id(optimizer))
+        return True
+
+    def clip_gradients_norm(self, module: Module, optimizer: Optimizer,
+                            max_norm: Union[float, int], norm_type: Union[float, int] = 2.0,
+                            error_if_nonfinite: bool = True) -> Tensor:
+        """Clip by the global norm of the reduced gradients (of every rank's slices with
+        ``shard=True``); the step then runs under ``skip_synchronize()``."""
+        if not self.reduce_now(optimizer) or not self.is_sharded(optimizer):
+            return super().clip_gradients_norm(module, optimizer, max_norm, norm_type,
+                                               error_if_nonfinite)
+        self.precision.unscale_gradients(optimizer)
+        norm = optimizer.clip_grad_norm_(max_norm, norm_type)   # type: ignore[attr-defined]
+        if error_if_nonfinite and not torch.isfinite(norm):
+            raise RuntimeError(f"the total norm of order {norm_type} of the gradients is "
+                               "non-finite, so it cannot be clipped (error_if_nonfinite=True)")
+        return norm
+
+    def clip_gradients_value(self, module: Module, optimizer: Optimizer,
+                             clip_val: Union[float, int]) -> None:
+        if self.reduce_now(optimizer) and self.is_sharded(optimizer):
+            raise NotImplementedError("strategy='dcredit' with shard=True clips by norm only "
+                                      "(fabric.clip_gradients(..., max_norm=...))")
+        return super().clip_gradients_value(module, optimizer, clip_val)
+
+    def optimizer_step(self, optimizer: Any, **kwargs: Any) -> Any:
+        """The precision's step; under ``skip_synchronize()`` when the gradients were reduced
+        already (clipping, or a ``GradScaler`` that unscales them inside the step)."""
+        self.backwards = 0
+        if getattr(self.precision, "scaler", None) is not None:
+            self.reduce_now(optimizer)
+        if id(optimizer) not in self.synced:
+            return super().optimizer_step(optimizer, **kwargs)
+        self.synced.discard(id(optimizer))
+        with optimizer.skip_synchronize():
+            return super().optimizer_step(optimizer, **kwargs)
+
+    # -- state, collectives, end -----------------------------------------------------------
+    def get_optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
+        """``shard=True``: every rank's slices in ``torch.optim``'s form (a collective; Fabric
+        gathers the state on every rank and rank 0 writes it); it loads back on any job size."""
+        if id(optimizer) in self.wrappers and self.is_sharded(optimizer):
+            return optimizer.full_state_dict()              # type: ignore[attr-defined]
+        return super().get_optimizer_state(optimizer)
+
+    def all_reduce(self, tensor: Any, group: Optional[Any] = None,
+                   reduce_op: Optional[Union[dist.ReduceOp, str]] = "mean") -> Any:
+        if not isinstance(tensor, Tensor) or not dist.is_initialized():
+            return tensor
+        ops = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM,
+               "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+        reduce_op = reduce_op or "mean"
+        name = reduce_op.lower() if isinstance(reduce_op, str) else None
+        mean = name in ("mean", "avg")
+        if mean and not tensor.is_floating_point():
+            tensor = tensor.float()
+        dist.all_reduce(tensor, op=ops[name] if name else reduce_op, group=group)
+        return tensor / dist.get_world_size(group) if mean else tensor
+
+    def barrier(self, name: Optional[str] = None) -> None:
+        if dist.is_initialized():
+            dist.barrier()
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        if not dist.is_initialized():
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src)
+        return box[0]
+
+    def teardown(self) -> None:
+        """Each wrapper closed (owed updates applied, its hooks off the model), our hooks off."""
+        for wrapper, _ in self.wrappers.values():
+            wrapper.close()                                 # type: ignore[attr-defined]
+        for hook in self.hooks:
+            hook.remove()
+        self.wrappers, self.hooks, self.modules = {}, [], []
+        super().teardown()
+
+    @classmethod
+    def register_strategies(cls, strategy_registry: Any) -> None:
+        if NAME not in strategy_registry:
+            strategy_registry.register(NAME, cls, description=DESCRIPTION)
+
+
+class ScriptLauncher:
+    """Ranks 1..N-1 as new processes running this command line with torchrun's variables
+    (``LOCAL_RANK``, ``RANK``, ``WORLD_SIZE``, ``MASTER_*``), as Lightning's DDP launcher does;
+    this process is rank 0."""
+
+    is_interactive_compatible = False
+
+    def __init__(self, environment: Any, processes: int) -> None:
+        self.environment, self.processes = environment, processes
+
+    def launch(self, function: Any, *args: Any, **kwargs: Any) -> Any:
+        import __main__
+        spec = getattr(__main__, "__spec__", None)
+        command = ([sys.executable, "-m", spec.name] if spec is not None
+                   else [sys.executable, os.path.abspath(sys.argv[0])]) + sys.argv[1:]
+        common = {"MASTER_ADDR": self.environment.main_address,
+                  "MASTER_PORT": str(self.environment.main_port),
+                  "WORLD_SIZE": str(self.processes), "NODE_RANK": "0"}
+        os.environ.update(common)
+        for rank in range(1, self.processes):
+            subprocess.Popen(command, env={**os.environ, "LOCAL_RANK": str(rank),
+                                           "RANK": str(rank)})
+        os.environ.update(LOCAL_RANK="0", RANK="0")
+        return function(*args, **kwargs)
+
+
+DCreditFabricStrategy.register_strategies(STRATEGY_REGISTRY)

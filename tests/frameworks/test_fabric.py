@@ -1,0 +1,173 @@
+"""``lightning.Fabric(strategy="dcredit")`` against Fabric's own ``strategy="ddp"``, on two ranks
+(``dcredit_hvd/frameworks/fabric.py``, ``docs/frameworks-fabric.md``).
+
+A single-process pytest: ``torchrun --standalone --nproc-per-node 2 fabric_cases.py main`` runs
+once (module-scoped fixture), every rank writes a JSON of its cases, each test asserts one case;
+then ``python fabric_cases.py launch`` lets Fabric's own ``launch()`` start rank 1.  Launches
+run in their own session and are killed on timeout, so a hang is a failed test.
+
+Tolerance: Horovod's for float32 (``rtol=1e-5, atol=1e-6``) on every parameter and buffer of
+each rank, on every loss and on every norm ``fabric.clip_gradients`` returned.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import pytest
+
+pytest.importorskip("lightning")
+pytest.importorskip("transformers")
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+BIN = Path(sys.executable).parent
+DRIVER = str(HERE / "fabric_cases.py")
+TORCHRUN = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2"]
+LAUNCH_TIMEOUT_S = 180.0
+
+PLAIN = ["plain-dcredit", "plain-bytescheduler", "plain-sync", "gpt2-dcredit"]
+ACCUMULATION = ["accumulate", "gpt2-accumulate", "accumulate-clip-norm"]
+CLIPPING = ["clip-norm", "clip-value", "gpt2-bytescheduler-clip-norm"]
+SHARDED = ["shard-clip-norm", "shard-gpt2-accumulate-clip-norm"]
+REFUSALS = {
+    "refuse-wrapped-optimizer": "pass the plain torch optimizer",
+    "refuse-unknown-argument": "find_unused_parameters",
+    "refuse-horovod-transport": "torch.distributed only",
+    "refuse-accumulation-without-passes": "DCreditFabricStrategy(backward_passes_per_step=N)",
+}
+
+
+@dataclass
+class Job:
+    code: Optional[int]
+    output: str
+    ranks: list[dict]
+    folder: Path
+
+    def case(self, name: str) -> list[dict]:
+        """``name`` on every rank; a case that raised fails with its traceback."""
+        assert len(self.ranks) == 2, f"a rank wrote no results (exit {self.code}):\n" \
+            f"{self.output[-4000:]}"
+        found = [rank.get(name) for rank in self.ranks]
+        assert all(found), f"case {name} did not run (exit {self.code}):\n{self.output[-4000:]}"
+        for rank, result in enumerate(found):
+            assert "error" not in result, f"rank {rank}: {result['error']}\n{result['trace']}"
+        return found
+
+
+def _run(command: list[str], folder: Path, group: str) -> Job:
+    """``command`` in a session of its own, as a user who sets no ``DCREDIT_*`` variable."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DCREDIT_")}
+    env.update(PYTHONUNBUFFERED="1", DCREDIT_LOG_LEVEL="WARNING",
+               PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])))
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    started = time.monotonic()
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True, text=True)
+    try:
+        output, _ = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
+        code: Optional[int] = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        code = None
+    print(f"FABRIC {group}: {time.monotonic() - started:.1f} s, exit {code}")
+    ranks = [json.loads(p.read_text()) for p in sorted(folder.glob(f"{group}.rank*.json"))]
+    return Job(code, output, ranks, folder)
+
+
+@pytest.fixture(scope="module")
+def main_job(tmp_path_factory: pytest.TempPathFactory) -> Job:
+    if not (BIN / "torchrun").exists():
+        pytest.skip("torchrun not installed")
+    folder = tmp_path_factory.mktemp("fabric")
+    job = _run(TORCHRUN + [DRIVER, "main", str(folder)], folder, "main")
+    assert job.code == 0, f"the torchrun launch exited {job.code}:\n{job.output[-4000:]}"
+    return job
+
+
+@pytest.fixture(scope="module")
+def launch_job(main_job: Job) -> Job:
+    job = _run([sys.executable, DRIVER, "launch", str(main_job.folder)], main_job.folder,
+               "launch")
+    assert job.code == 0, f"the fabric.launch() run exited {job.code}:\n{job.output[-4000:]}"
+    return job
+
+
+def _assert_parity(results: list[dict], what: str) -> None:
+    for rank, result in enumerate(results):
+        print(f"PARITY {what} rank {rank}: weights max |diff| {result['max_abs_diff']:.3g}")
+        assert result["names_match"], f"{what}: other parameters or buffers than DDP's"
+        assert result["weights_close"], \
+            f"{what} rank {rank}: weights differ from DDP's by {result['max_abs_diff']}"
+        assert result["series_close"], (
+            f"{what} rank {rank}: losses {result['losses']} norms {result['norms']}, DDP's "
+            f"{result['ref_losses']} {result['ref_norms']}")
+
+
+@pytest.mark.parametrize("case", PLAIN)
+def test_a_fabric_loop_under_dcredit_ends_on_ddps_weights_on_every_rank(
+        main_job: Job, case: str) -> None:
+    """5 steps of ``setup``/``backward``/``step`` (a CNN with batch norm and SGD, a tiny GPT-2
+    with tied embeddings and AdamW): ranks start from different weights and see different
+    data, so rank 0's weights and buffers must have been broadcast, and every gradient
+    averaged, for each rank to end on DDP's."""
+    _assert_parity(main_job.case(case), case)
+
+
+@pytest.mark.parametrize("case", ACCUMULATION)
+def test_accumulating_two_micro_batches_matches_ddps_no_backward_sync(
+        main_job: Job, case: str) -> None:
+    """``fabric.no_backward_sync`` around the first of 2 micro-batches under DDP;
+    ``backward_passes_per_step=2`` under dcredit (where ``no_backward_sync`` is a no-op)."""
+    results = main_job.case(case)
+    _assert_parity(results, case)
+    _assert_clipped_every_step(results, case)
+    assert all(len(r["losses"]) == 10 for r in results)
+
+
+@pytest.mark.parametrize("case", CLIPPING)
+def test_clip_gradients_sees_the_reduced_gradients(main_job: Job, case: str) -> None:
+    """``fabric.clip_gradients`` (by value, and by a norm below every step's, so every step
+    clips) returns DDP's global norm each step and ends on DDP's weights."""
+    results = main_job.case(case)
+    _assert_parity(results, case)
+    _assert_clipped_every_step(results, case)
+
+
+def _assert_clipped_every_step(results: list[dict], case: str) -> None:
+    if "norm" in case:
+        for r in results:
+            assert len(r["norms"]) == 5 and min(r["norms"]) > r["max_norm"], r["norms"]
+
+
+@pytest.mark.parametrize("case", SHARDED)
+def test_shard_true_clips_by_the_global_norm_and_matches_ddp(main_job: Job, case: str) -> None:
+    """``DCreditFabricStrategy(shard=True)``: each rank updates its slices; the norm is over
+    every rank's slices (the same on each rank, DDP's within float tolerance)."""
+    results = main_job.case(case)
+    _assert_parity(results, case)
+    _assert_clipped_every_step(results, case)
+    assert results[0]["norms"] == results[1]["norms"]
+
+
+@pytest.mark.parametrize("case", sorted(REFUSALS))
+def test_what_cannot_work_is_refused_with_what_to_do(main_job: Job, case: str) -> None:
+    for result in main_job.case(case):
+        assert result["raised"] and REFUSALS[case] in result["raised"], result
+
+
+def test_fabric_launch_starts_the_other_rank_and_matches_ddp(launch_job: Job) -> None:
+    """``python script.py`` with ``Fabric(strategy="dcredit", devices=2).launch()``: the
+    strategy's launcher starts rank 1; both ranks end on the torchrun DDP run's weights."""
+    _assert_parity(launch_job.case("fabric-launch"), "fabric-launch")
