@@ -207,7 +207,22 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._state.should_synchronize = True
         if self._state.sharded is not None:
             args = (self._state.sharded.load_state_dict(args[0]), *args[1:])
-        return self._dcredit_base.load_state_dict(self, *args, **kwargs)
+        groups = list(self.param_groups)
+        result = self._dcredit_base.load_state_dict(self, *args, **kwargs)
+        # torch builds new group dicts; the old ones are kept (filled with the loaded values)
+        # because the user's optimizer and any LR scheduler built on it hold them too.
+        for index, (old, new) in enumerate(zip(groups, self.param_groups)):
+            if old is not new:
+                old.clear()
+                old.update(new)
+                self.param_groups[index] = old
+        return result
+
+    def raise_if_failed(self) -> None:
+        """Raise the error a background thread holds (``PeerLostError``, ``StallError``, a
+        collective's failure), or nothing: for code that waits elsewhere and polls."""
+        if self._parts is not None:
+            self._state.scheduler.check()
 
     # -- what the scheduler did, for the user and the tests ------------------------------------
     @property

@@ -149,7 +149,7 @@ class DCreditTrainer(Trainer):
                 self._dcredit_skip.enter_context(opt.skip_synchronize())
         return loss
 
-    def _end_of_step(self) -> None:
+    def _dcredit_end_of_step(self) -> None:
         """After ``optimizer.step()``: leave ``skip_synchronize()``."""
         self._dcredit_skip.close()
 
@@ -238,10 +238,10 @@ class _StepBoundary(TrainerCallback):
         self._trainer = trainer
 
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._trainer._end_of_step()
+        self._trainer._dcredit_end_of_step()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._trainer._end_of_step()
+        self._trainer._dcredit_end_of_step()
         opt = self._trainer.dcredit_optimizer
         if opt is not None and (control.should_save or control.should_evaluate):
             opt.apply_pending_updates()
@@ -301,18 +301,11 @@ def _settings(dcredit: Optional[Mapping[str, Any] | SchedulerConfig],
 def _follow(scheduler: Any, wrapped: torch.optim.Optimizer) -> None:
     """Point an LR scheduler built on the optimizer at its wrapper: the Trainer's Accelerate
     prepare replaces the wrapper's parameter groups (``load_state_dict``), so the scheduler
-    must set the learning rates on the wrapper itself.  The wrapper's ``step`` is marked as a
-    scheduler built on it would mark it (``torch.optim.lr_scheduler``), so that the scheduler's
-    first ``step()`` does not warn that ``optimizer.step()`` was overridden."""
+    must name the wrapper (its public ``optimizer``).  torch then warns once, at the
+    scheduler's first ``step()``, that ``optimizer.step()`` was overridden after the scheduler
+    was built: true, and harmless (the learning rates follow the wrapper).  A scheduler the
+    Trainer builds (``create_scheduler``) is built on the wrapper and does not warn."""
     scheduler.optimizer = wrapped
-    step = wrapped.step
-
-    def tracked_step(*args: Any, **kwargs: Any) -> Any:
-        wrapped._opt_called = True
-        return step(*args, **kwargs)
-
-    tracked_step._wrapped_by_lr_sched = True
-    wrapped.step = tracked_step
 
 
 def _broadcast_from_rank0(model: nn.Module, parameters: bool = True) -> None:

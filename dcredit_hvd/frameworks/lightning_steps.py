@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import time
 import types
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
@@ -62,16 +61,6 @@ def unique_tensors(module: torch.nn.Module) -> list[Tensor]:
     return out
 
 
-def optimizers_to_device(optimizers: Iterable[Optimizer], device: torch.device) -> None:
-    """Each optimizer's state tensors on ``device`` (a restored state may sit on the CPU);
-    torch keeps a non-capturable ``step`` on the CPU, so it stays."""
-    for opt in optimizers:
-        for state in opt.state.values():
-            for key, value in list(state.items()):
-                if key != "step" and isinstance(value, Tensor) and value.device != device:
-                    state[key] = value.to(device)
-
-
 def grads_read_before_step(kit: LightningKit, module: Any, trainer: Any, plugin: Any) -> bool:
     """Whether anything reads ``.grad`` between backward and step in automatic
     optimization: clipping, ``on_before_optimizer_step`` (module or callback), fp16's
@@ -121,7 +110,7 @@ def peer_lost(wrapped: list[Optimizer], wait: float) -> Optional[PeerLostError]:
     while wrapped:
         for opt in wrapped:
             try:
-                opt._scheduler.check()
+                opt.raise_if_failed()
             except PeerLostError as lost:
                 return lost
             except Exception:          # another failure of the same job: not a verdict
@@ -135,7 +124,7 @@ def peer_lost(wrapped: list[Optimizer], wait: float) -> Optional[PeerLostError]:
 def closure_first(wrapper: Optimizer) -> None:
     """``wrapper.step(closure)`` runs the closure, then the scheduler's ``step()`` (Horovod's
     would synchronize first); under ``skip_synchronize()`` when ``reduce_now`` already
-    synchronized.  Marked as torch's LR schedulers mark the step they track."""
+    synchronized."""
     scheduler_step = type(wrapper).step
 
     def step(self: Optimizer, closure: Optional[Callable[[], Any]] = None,
@@ -144,7 +133,6 @@ def closure_first(wrapper: Optimizer) -> None:
         if closure is not None:
             with torch.enable_grad():
                 result = closure()
-        self._opt_called = True                 # torch's LRScheduler warning
         if getattr(self, SYNCED, False):
             setattr(self, SYNCED, False)
             with self.skip_synchronize():
@@ -153,7 +141,6 @@ def closure_first(wrapper: Optimizer) -> None:
             scheduler_step(self, **kwargs)
         return result
 
-    step._wrapped_by_lr_sched = True            # type: ignore[attr-defined]
     wrapper.step = types.MethodType(step, wrapper)     # type: ignore[method-assign]
     setattr(wrapper, SYNCED, False)
 
@@ -166,10 +153,10 @@ def reduce_now(raw: Any) -> None:
 
 
 def repoint(scheduler: Any, original: Optimizer, wrapper: Optimizer) -> None:
-    """A scheduler (and those a ``SequentialLR``/``ChainedScheduler`` holds) built on
-    ``original`` now drives ``wrapper``; both share the param-group dicts already."""
+    """A scheduler built on ``original`` now names ``wrapper`` (its public ``optimizer``), so
+    Lightning and ``LearningRateMonitor`` read the wrapper.  The learning rates need no
+    re-pointing: the wrapper holds ``original``'s param-group dicts themselves and keeps them
+    through ``load_state_dict``, so schedulers nested in a ``SequentialLR`` or
+    ``ChainedScheduler`` drive the wrapper too."""
     if getattr(scheduler, "optimizer", None) is original:
         scheduler.optimizer = wrapper
-    inner: Iterable[Any] = getattr(scheduler, "_schedulers", None) or ()
-    for each in inner:
-        repoint(each, original, wrapper)

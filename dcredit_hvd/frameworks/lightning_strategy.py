@@ -32,7 +32,6 @@ from .lightning_steps import (
     communication_error,
     grads_read_before_step,
     intercept_clipping,
-    optimizers_to_device,
     peer_lost,
     reduce_now,
     repoint,
@@ -138,30 +137,25 @@ class DCreditStrategyBody:
 
     # -- setup: no DDP wrap, state from rank 0, wrapped optimizers ---------------------------
     def setup(self, trainer: Any) -> None:
-        """``DDPStrategy.setup`` without the DDP wrap: rank 0's state is broadcast instead."""
+        """``DDPStrategy.setup`` itself (layer sync, precision, device, optimizers); its
+        ``configure_ddp`` step is ours: rank 0's state is broadcast instead of a DDP wrap."""
         assert self.accelerator is not None and self.model is not None
-        self.accelerator.setup(trainer)
         fitting = trainer.state.fn == self.kit.TrainerFn.FITTING
-        if fitting and self._layer_sync:
-            if self.horovod:
-                raise RuntimeError(SYNC_BN_ON_HOROVOD)
-            self.model = self._layer_sync.apply(self.model)
-        self.precision_plugin.convert_module(self.model)
-        self.model_to_device()
-        self._broadcast_module_state()
-        self._failed = None
-        self._sync_buffers_next = True
+        super().setup(trainer)                                       # type: ignore[misc]
+        if fitting and self.horovod and any(isinstance(m, torch.nn.SyncBatchNorm)
+                                            for m in self.model.modules()):
+            raise RuntimeError(SYNC_BN_ON_HOROVOD)
         if fitting:
-            self.setup_optimizers(trainer)
-        self.setup_precision_plugin()
-        if fitting:
-            optimizers_to_device(self.optimizers, self.root_device)
             self._reduce_before_step = grads_read_before_step(
                 self.kit, self.lightning_module, trainer, self.precision_plugin)
             self._clip = intercept_clipping(self.kit, self.precision_plugin)
 
     def configure_ddp(self) -> None:
-        """Never wraps (``setup`` does not call it; kept for code that does)."""
+        """Where ``DDPStrategy.setup`` wraps the model: no wrap; rank 0's parameters and
+        buffers on every rank (the optimizers are wrapped next, in ``setup_optimizers``)."""
+        self._broadcast_module_state()
+        self._failed = None
+        self._sync_buffers_next = True
 
     def setup_optimizers(self, trainer: Any) -> None:
         """Lightning's optimizers and schedulers, then each optimizer wrapped (before any
