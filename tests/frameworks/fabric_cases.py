@@ -80,7 +80,7 @@ def loss_of(model: str, net: nn.Module, data: Any) -> torch.Tensor:
 
 
 def train(strategy: Any, model: str = "cnn", accumulate: int = 1, clip: Optional[float] = None,
-          optimizer: str = "") -> dict:
+          optimizer: str = "", separate: bool = False) -> dict:
     """The user's Fabric loop: ``setup``, ``no_backward_sync`` around all but the last
     micro-batch, ``backward``, ``clip_gradients``, ``step``.  Returns the final state."""
     fabric = L.Fabric(strategy=strategy, accelerator="cpu", devices=2)
@@ -92,7 +92,10 @@ def train(strategy: Any, model: str = "cnn", accumulate: int = 1, clip: Optional
                                                        weight_decay=0.01)
     else:
         opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
-    fmodel, fopt = fabric.setup(net, opt)
+    if separate:                             # fabric.setup_module, then setup_optimizers
+        fmodel, fopt = fabric.setup_module(net), fabric.setup_optimizers(opt)
+    else:
+        fmodel, fopt = fabric.setup(net, opt)
     losses, norms = [], []
     for step in range(STEPS):
         for micro in range(accumulate):
@@ -107,9 +110,10 @@ def train(strategy: Any, model: str = "cnn", accumulate: int = 1, clip: Optional
         fopt.step()
         fopt.zero_grad()
     state = {k: v.detach().clone().float() for k, v in net.state_dict().items()}
+    saved = fopt.state_dict()     # what fabric.save() writes (shard=True: every rank's slices)
     if hasattr(fopt, "close"):
         fopt.close()
-    return {"state": state, "losses": losses, "norms": norms}
+    return {"state": state, "losses": losses, "norms": norms, "optimizer": saved["state"]}
 
 
 def compare(run: dict, ref: dict) -> dict:
@@ -117,9 +121,17 @@ def compare(run: dict, ref: dict) -> dict:
     diff = max((v - want[k]).abs().max().item() for k, v in state.items())
     close = all(torch.allclose(v, want[k], rtol=RTOL, atol=ATOL) for k, v in state.items())
     series = [(a, b) for key in ("losses", "norms") for a, b in zip(run[key], ref[key])]
+    mine, theirs = run["optimizer"], ref["optimizer"]
+    kept = [(torch.as_tensor(v).float(), torch.as_tensor(theirs[i][k]).float())
+            for i in mine for k, v in mine[i].items() if i in theirs and k in theirs[i]]
     return {"max_abs_diff": diff, "weights_close": close, "names_match": set(state) == set(want),
             "losses": run["losses"], "ref_losses": ref["losses"], "norms": run["norms"],
             "ref_norms": ref["norms"],
+            "optimizer_state_diff": max((float((a - b).abs().max()) for a, b in kept),
+                                        default=0.0),
+            "optimizer_state_close": set(mine) == set(theirs)
+            and all(set(mine[i]) == set(theirs[i]) for i in mine)
+            and all(torch.allclose(a, b, rtol=RTOL, atol=ATOL) for a, b in kept),
             "series_close": len(run["losses"]) == len(ref["losses"])
             and len(run["norms"]) == len(ref["norms"])
             and all(math.isclose(a, b, rel_tol=RTOL, abs_tol=ATOL) for a, b in series)}
@@ -153,6 +165,7 @@ PARITY: dict[str, tuple[str, int, Optional[float], str, dict]] = {
     "plain-dcredit": ("cnn", 1, None, "sgd", {}),
     "plain-bytescheduler": ("cnn", 1, None, "sgd", {"policy": "bytescheduler"}),
     "plain-sync": ("cnn", 1, None, "sgd", {"model_overlap": False}),
+    "separate-setup": ("cnn", 1, None, "sgd", {}),
     "accumulate": ("cnn", 2, None, "sgd", {"backward_passes_per_step": 2}),
     "clip-norm": ("cnn", 1, 0.05, "sgd", {}),
     "accumulate-clip-norm": ("cnn", 2, 0.05, "sgd", {"backward_passes_per_step": 2}),
@@ -171,12 +184,13 @@ def parity() -> None:
     for name, (model, accumulate, clip, optimizer, settings) in PARITY.items():
         key = (model, accumulate, clip, optimizer)
 
-        def run(settings: dict = settings, key: tuple = key) -> dict:
+        def run(settings: dict = settings, key: tuple = key, name: str = name) -> dict:
             if key not in refs:
                 refs[key] = train("ddp", *key)
                 if key == ("cnn", 1, None, "sgd"):
                     torch.save(refs[key], OUT / f"ref-plain.rank{rank()}.pt")
-            result = compare(train(dcredit(**settings), *key), refs[key])
+            got = train(dcredit(**settings), *key, separate=name == "separate-setup")
+            result = compare(got, refs[key])
             return dict(result, max_norm=key[2] if key[2] and key[2] > 0 else None)
         case(name, run)
 

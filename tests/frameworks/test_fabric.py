@@ -33,7 +33,7 @@ DRIVER = str(HERE / "fabric_cases.py")
 TORCHRUN = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2"]
 LAUNCH_TIMEOUT_S = 180.0
 
-PLAIN = ["plain-dcredit", "plain-bytescheduler", "plain-sync", "gpt2-dcredit"]
+PLAIN = ["plain-dcredit", "plain-bytescheduler", "plain-sync", "separate-setup", "gpt2-dcredit"]
 ACCUMULATION = ["accumulate", "gpt2-accumulate", "accumulate-clip-norm"]
 CLIPPING = ["clip-norm", "clip-value", "gpt2-bytescheduler-clip-norm"]
 SHARDED = ["shard-clip-norm", "shard-gpt2-accumulate-clip-norm"]
@@ -106,10 +106,14 @@ def launch_job(main_job: Job) -> Job:
 
 def _assert_parity(results: list[dict], what: str) -> None:
     for rank, result in enumerate(results):
-        print(f"PARITY {what} rank {rank}: weights max |diff| {result['max_abs_diff']:.3g}")
+        print(f"PARITY {what} rank {rank}: weights max |diff| {result['max_abs_diff']:.3g}, "
+              f"optimizer state {result['optimizer_state_diff']:.3g}")
         assert result["names_match"], f"{what}: other parameters or buffers than DDP's"
         assert result["weights_close"], \
             f"{what} rank {rank}: weights differ from DDP's by {result['max_abs_diff']}"
+        assert result["optimizer_state_close"], (
+            f"{what} rank {rank}: the optimizer state to save differs from DDP's by "
+            f"{result['optimizer_state_diff']}")
         assert result["series_close"], (
             f"{what} rank {rank}: losses {result['losses']} norms {result['norms']}, DDP's "
             f"{result['ref_losses']} {result['ref_norms']}")
@@ -154,7 +158,8 @@ def _assert_clipped_every_step(results: list[dict], case: str) -> None:
 @pytest.mark.parametrize("case", SHARDED)
 def test_shard_true_clips_by_the_global_norm_and_matches_ddp(main_job: Job, case: str) -> None:
     """``DCreditFabricStrategy(shard=True)``: each rank updates its slices; the norm is over
-    every rank's slices (the same on each rank, DDP's within float tolerance)."""
+    every rank's slices (the same on each rank, DDP's within float tolerance), and the state
+    ``fabric.save`` would write is the whole state (every rank's slices), DDP's."""
     results = main_job.case(case)
     _assert_parity(results, case)
     _assert_clipped_every_step(results, case)
