@@ -111,9 +111,15 @@ def train(strategy: Any, model: str = "cnn", accumulate: int = 1, clip: Optional
         fopt.zero_grad()
     state = {k: v.detach().clone().float() for k, v in net.state_dict().items()}
     saved = fopt.state_dict()     # what fabric.save() writes (shard=True: every rank's slices)
+    inner = fopt.optimizer
+    wrapped = {"wrapped": inner is not opt and isinstance(inner, type(opt))
+               and hasattr(inner, "skip_synchronize"),
+               "passes": getattr(inner, "backward_passes_per_step", None),
+               "planned": getattr(inner, "plan", None) is not None}
     if hasattr(fopt, "close"):
         fopt.close()
-    return {"state": state, "losses": losses, "norms": norms, "optimizer": saved["state"]}
+    return {"state": state, "losses": losses, "norms": norms, "optimizer": saved["state"],
+            **wrapped}
 
 
 def compare(run: dict, ref: dict) -> dict:
@@ -124,7 +130,8 @@ def compare(run: dict, ref: dict) -> dict:
     mine, theirs = run["optimizer"], ref["optimizer"]
     kept = [(torch.as_tensor(v).float(), torch.as_tensor(theirs[i][k]).float())
             for i in mine for k, v in mine[i].items() if i in theirs and k in theirs[i]]
-    return {"max_abs_diff": diff, "weights_close": close, "names_match": set(state) == set(want),
+    return {"wrapped": run["wrapped"], "passes": run["passes"], "planned": run["planned"],
+            "max_abs_diff": diff, "weights_close": close, "names_match": set(state) == set(want),
             "losses": run["losses"], "ref_losses": ref["losses"], "norms": run["norms"],
             "ref_norms": ref["norms"],
             "optimizer_state_diff": max((float((a - b).abs().max()) for a, b in kept),
@@ -191,7 +198,8 @@ def parity() -> None:
                     torch.save(refs[key], OUT / f"ref-plain.rank{rank()}.pt")
             got = train(dcredit(**settings), *key, separate=name == "separate-setup")
             result = compare(got, refs[key])
-            return dict(result, max_norm=key[2] if key[2] and key[2] > 0 else None)
+            return dict(result, max_norm=key[2] if key[2] and key[2] > 0 else None,
+                        policy=settings.get("policy", "dcredit"))
         case(name, run)
 
 

@@ -106,6 +106,7 @@ def launch_job(main_job: Job) -> Job:
 
 def _assert_parity(results: list[dict], what: str) -> None:
     for rank, result in enumerate(results):
+        assert result["wrapped"], f"{what}: the optimizer was not a dcredit_hvd wrapper"
         print(f"PARITY {what} rank {rank}: weights max |diff| {result['max_abs_diff']:.3g}, "
               f"optimizer state {result['optimizer_state_diff']:.3g}")
         assert result["names_match"], f"{what}: other parameters or buffers than DDP's"
@@ -125,8 +126,10 @@ def test_a_fabric_loop_under_dcredit_ends_on_ddps_weights_on_every_rank(
     """5 steps of ``setup``/``backward``/``step`` (a CNN with batch norm and SGD, a tiny GPT-2
     with tied embeddings and AdamW): ranks start from different weights and see different
     data, so rank 0's weights and buffers must have been broadcast, and every gradient
-    averaged, for each rank to end on DDP's."""
-    _assert_parity(main_job.case(case), case)
+    averaged, for each rank to end on DDP's.  Policy ``dcredit`` ran with its plan in force."""
+    results = main_job.case(case)
+    _assert_parity(results, case)
+    assert all(r["planned"] == (r["policy"] == "dcredit") for r in results), results[0]
 
 
 @pytest.mark.parametrize("case", ACCUMULATION)
@@ -137,7 +140,7 @@ def test_accumulating_two_micro_batches_matches_ddps_no_backward_sync(
     results = main_job.case(case)
     _assert_parity(results, case)
     _assert_clipped_every_step(results, case)
-    assert all(len(r["losses"]) == 10 for r in results)
+    assert all(len(r["losses"]) == 10 and r["passes"] == 2 for r in results)
 
 
 @pytest.mark.parametrize("case", CLIPPING)
