@@ -241,9 +241,12 @@ class DCreditFabricStrategy(ParallelStrategy):
 
     def clip_gradients_value(self, module: Module, optimizer: Optimizer,
                              clip_val: Union[float, int]) -> None:
-        if self.reduce_now(optimizer) and self.is_sharded(optimizer):
-            raise NotImplementedError("strategy='dcredit' with shard=True clips by norm only "
-                                      "(fabric.clip_gradients(..., max_norm=...))")
+        """By value, on the reduced gradients; refused with ``shard=True``, where each rank's
+        step reads its slices' gradients, not ``p.grad``."""
+        if id(optimizer) in self.wrappers and self.is_sharded(optimizer):
+            raise NotImplementedError("strategy='dcredit' with shard=True clips by norm only: "
+                                      "fabric.clip_gradients(model, optimizer, max_norm=...)")
+        self.reduce_now(optimizer)
         return super().clip_gradients_value(module, optimizer, clip_val)
 
     def optimizer_step(self, optimizer: Any, **kwargs: Any) -> Any:
@@ -270,25 +273,24 @@ class DCreditFabricStrategy(ParallelStrategy):
                    reduce_op: Optional[Union[dist.ReduceOp, str]] = "mean") -> Any:
         if not isinstance(tensor, Tensor) or not dist.is_initialized():
             return tensor
-        ops = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM,
-               "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
-        reduce_op = reduce_op or "mean"
         name = reduce_op.lower() if isinstance(reduce_op, str) else None
-        mean = name in ("mean", "avg")
-        if mean and not tensor.is_floating_point():
-            tensor = tensor.float()
-        dist.all_reduce(tensor, op=ops[name] if name else reduce_op, group=group)
-        return tensor / dist.get_world_size(group) if mean else tensor
+        mean = name in ("mean", "avg")            # a sum then a division, in place, as DDP's
+        op = (dist.ReduceOp.SUM if mean else getattr(dist.ReduceOp, name.upper()) if name
+              else reduce_op)
+        dist.all_reduce(tensor, op=op, group=group)
+        if not mean:
+            return tensor
+        size = dist.get_world_size(group)
+        return tensor.div_(size) if tensor.is_floating_point() else tensor.copy_(tensor / size)
 
     def barrier(self, name: Optional[str] = None) -> None:
         if dist.is_initialized():
             dist.barrier()
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
-        if not dist.is_initialized():
-            return obj
         box = [obj]
-        dist.broadcast_object_list(box, src)
+        if dist.is_initialized():
+            dist.broadcast_object_list(box, src)
         return box[0]
 
     def teardown(self) -> None:

@@ -203,6 +203,25 @@ def parity() -> None:
         case(name, run)
 
 
+def collectives() -> None:
+    """Fabric's collectives (``all_reduce``, ``broadcast``, ``all_gather``, ``barrier``, the
+    boolean decision) give DDP's results."""
+    def run(strategy: Any) -> dict:
+        fabric = L.Fabric(strategy=strategy, accelerator="cpu", devices=2)
+        fabric.launch()
+        mine = torch.tensor([rank() + 1.0, 3.0 * rank()])
+        fabric.barrier()
+        return {"mean": fabric.all_reduce(mine.clone()).tolist(),
+                "sum": fabric.all_reduce(mine.clone(), reduce_op="sum").tolist(),
+                "max": fabric.all_reduce(mine.clone(), reduce_op="max").tolist(),
+                "int-mean": fabric.all_reduce(torch.tensor([rank() + 1])).tolist(),
+                "gather": fabric.all_gather(mine).tolist(),
+                "broadcast": fabric.broadcast({"from": rank()}),
+                "any": fabric.strategy.reduce_boolean_decision(rank() == 1, all=False),
+                "all": fabric.strategy.reduce_boolean_decision(rank() == 1)}
+    case("collectives", lambda: {"dcredit": run("dcredit"), "ddp": run("ddp")})
+
+
 def refusals() -> None:
     def raised(action: Callable[[], Any]) -> dict:
         try:
@@ -226,6 +245,8 @@ def refusals() -> None:
          lambda: raised(lambda: DCreditFabricStrategy(find_unused_parameters=True)))
     case("refuse-horovod-transport",
          lambda: raised(lambda: DCreditFabricStrategy(transport="horovod")))
+    case("refuse-clip-value-with-shard", lambda: raised(
+        lambda: train(dcredit("bytescheduler", shard=True), "cnn", clip=-0.002)))
     # last: the failed backward leaves its first micro-batch's reduction behind
     case("refuse-accumulation-without-passes",
          lambda: raised(lambda: train(dcredit("bytescheduler"), "cnn", accumulate=2)))
@@ -238,6 +259,7 @@ def main() -> None:
     started = time.monotonic()
     if GROUP == "main":
         parity()
+        collectives()
         refusals()
     elif GROUP == "launch":                  # rank 1 started by Fabric's launch()
         case("fabric-launch", lambda: compare(train("dcredit"), torch.load(

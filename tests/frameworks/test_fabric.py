@@ -42,6 +42,7 @@ REFUSALS = {
     "refuse-unknown-argument": "find_unused_parameters",
     "refuse-horovod-transport": "torch.distributed only",
     "refuse-accumulation-without-passes": "DCreditFabricStrategy(backward_passes_per_step=N)",
+    "refuse-clip-value-with-shard": "clips by norm only",
 }
 
 
@@ -167,6 +168,12 @@ def test_shard_true_clips_by_the_global_norm_and_matches_ddp(main_job: Job, case
     _assert_parity(results, case)
     _assert_clipped_every_step(results, case)
     assert results[0]["norms"] == results[1]["norms"]
+
+
+def test_fabrics_collectives_under_dcredit_give_ddps_results(main_job: Job) -> None:
+    for result in main_job.case("collectives"):
+        assert result["dcredit"] == result["ddp"], result
+        assert result["dcredit"]["mean"] == [1.5, 1.5] and result["dcredit"]["any"]
 
 
 @pytest.mark.parametrize("case", sorted(REFUSALS))
