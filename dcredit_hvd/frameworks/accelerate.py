@@ -1,0 +1,332 @@
+"""``DCreditAccelerator``: an ``accelerate.Accelerator`` whose gradient all-reduces are scheduled
+by ``dcredit_hvd`` instead of DDP; the user's loop does not change.
+
+    from dcredit_hvd.frameworks.accelerate import DCreditAccelerator
+    accelerator = DCreditAccelerator(gradient_accumulation_steps=2)     # was: Accelerator(...)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+
+Only public ``Accelerator`` methods are overridden (``docs/frameworks-accelerate.md``):
+
+* ``prepare_model``: prepared for evaluation (device, autocast; no DDP), rank 0's parameters
+  and buffers broadcast, as DDP's constructor does.
+* ``prepare_optimizer``: Accelerate's ``AcceleratedOptimizer`` then holds a
+  ``dcredit_hvd.DistributedOptimizer`` over the user's optimizer, with
+  ``backward_passes_per_step=gradient_accumulation_steps`` (``accumulate()`` skips ``step()``
+  and ``zero_grad()`` on the same micro-batches the wrapper does not reduce on).  The wrapper
+  shares the user's optimizer's parameter groups, so a scheduler built on it sets the rates.
+* ``clip_grad_norm_``: ``synchronize()`` first (clipping reads reduced gradients), the next
+  ``step()`` in ``skip_synchronize()``; ``shard=True`` clips by the norm of every rank's slices.
+* ``save_state``/``load_state``: owed updates applied first; ``shard=True`` saves the full
+  optimizer state (``full_state_dict()``), which loads into a job of any size.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Iterable, Mapping
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import accelerate
+import torch
+import torch.distributed as dist
+from accelerate.optimizer import AcceleratedOptimizer
+from accelerate.utils import OPTIMIZER_NAME, DistributedType, DynamoBackend, save
+from torch import nn
+
+import dcredit_hvd
+from dcredit_hvd.config import SchedulerConfig
+
+from .versions import require
+
+require("accelerate", accelerate.__version__)
+
+#: ``DistributedOptimizer`` keywords the accelerator sets itself.
+_OWN = ("named_parameters", "model", "backward_passes_per_step")
+#: Launchers' world sizes without torch.distributed (horovodrun, mpirun).
+_WORLD_VARIABLES = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+_REFUSED_TYPES = {DistributedType.DEEPSPEED: "DeepSpeed", DistributedType.FSDP: "FSDP",
+                  DistributedType.MEGATRON_LM: "Megatron-LM", DistributedType.XLA: "XLA (TPU)"}
+
+
+@dataclass
+class Wrapped:
+    """One prepared optimizer: Accelerate's, the scheduler's wrapper inside it, the user's."""
+
+    accelerated: Any
+    wrapper: torch.optim.Optimizer
+    inner: torch.optim.Optimizer
+    index: int                                     # Accelerate's checkpoint file number
+    skip: ExitStack = field(default_factory=ExitStack)
+    synchronized: bool = False
+
+
+@dataclass
+class DCreditState:
+    """What the accelerator adds: settings, the prepared models and optimizers."""
+
+    settings: dict[str, Any]
+    active: bool = False
+    models: list[nn.Module] = field(default_factory=list)
+    optimizers: list[Wrapped] = field(default_factory=list)
+    pending: list[nn.Module] = field(default_factory=list)   # modules of the prepare() running
+    prepared_optimizers: int = 0
+
+
+class DCreditAccelerator(accelerate.Accelerator):
+    """``accelerate.Accelerator`` with ``dcredit_hvd`` in place of DDP.
+
+    Takes every ``Accelerator`` argument, plus ``dcredit_policy`` (``"dcredit"``,
+    ``"bytescheduler"``, ``"wfbp"``) and ``dcredit``: other ``DistributedOptimizer`` keywords
+    (``shard``, ``partition_bytes`` ...) as a mapping or a ``SchedulerConfig``.  One process
+    (nothing to reduce) trains as the plain ``Accelerator``.
+    """
+
+    def __init__(self, *args: Any, dcredit: Optional[Mapping[str, Any] | SchedulerConfig] = None,
+                 dcredit_policy: Optional[str] = None, **kwargs: Any) -> None:
+        self.dcredit = DCreditState(settings=_settings(dcredit, dcredit_policy))
+        super().__init__(*args, **kwargs)
+        self.dcredit.active = self._dcredit_check()
+
+    @property
+    def dcredit_optimizers(self) -> list[torch.optim.Optimizer]:
+        """The ``DistributedOptimizer``s (``plan``, ``measured``, ``close()``), prepare order."""
+        return [w.wrapper for w in self.dcredit.optimizers]
+
+    # -- preparation ---------------------------------------------------------------------------
+    def prepare(self, *args: Any, device_placement: Optional[list] = None) -> Any:
+        """``Accelerator.prepare``; its modules are known, so an optimizer passed before its
+        model still finds it."""
+        self.dcredit.pending = [a for a in args if isinstance(a, nn.Module)]
+        try:
+            return super().prepare(*args, device_placement=device_placement)
+        finally:
+            self.dcredit.pending = []
+
+    def prepare_model(self, model: nn.Module, device_placement: Optional[bool] = None,
+                      evaluation_mode: bool = False) -> nn.Module:
+        """Device and autocast only (no DDP: the optimizer reduces), rank 0's weights."""
+        if not self.dcredit.active or evaluation_mode:
+            return super().prepare_model(model, device_placement, evaluation_mode)
+        if any(model is m for m in self.dcredit.models):
+            return model
+        prepared = super().prepare_model(model, device_placement, evaluation_mode=True)
+        if prepared is not model:
+            raise RuntimeError("dcredit_hvd.frameworks.accelerate: Accelerate replaced the model "
+                               f"while preparing it ({type(prepared).__name__}); "
+                               "DCreditAccelerator needs the model itself")
+        broadcast_from_rank0(model)
+        self.dcredit.models.append(model)
+        return model
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer,
+                          device_placement: Optional[bool] = None) -> Any:
+        """Accelerate's optimizer around ``dcredit_hvd.DistributedOptimizer(optimizer)``."""
+        if not self.dcredit.active or isinstance(optimizer, AcceleratedOptimizer):
+            return super().prepare_optimizer(optimizer, device_placement)
+        if callable(getattr(optimizer, "synchronize", None)):
+            raise ValueError("dcredit_hvd.frameworks.accelerate: the optimizer is already a "
+                             "distributed optimizer; pass the plain torch optimizer: "
+                             "DCreditAccelerator wraps it")
+        model = self._dcredit_model_of(optimizer)
+        # Accelerate first: it reloads the optimizer's state onto the device, which replaces
+        # its parameter groups; the wrapper is then built on (and shares) the new groups.
+        accelerated = super().prepare_optimizer(optimizer, device_placement)
+        wrapper = dcredit_hvd.DistributedOptimizer(
+            optimizer, named_parameters=model.named_parameters(), model=model,
+            backward_passes_per_step=self.gradient_accumulation_steps, **self.dcredit.settings)
+        accelerated.optimizer = wrapper
+        entry = Wrapped(accelerated, wrapper, optimizer, self.dcredit.prepared_optimizers)
+        self.dcredit.prepared_optimizers += 1
+        wrapper.register_step_post_hook(lambda *_: _end_window(entry))
+        wrapper.register_load_state_dict_post_hook(lambda *_: _share_groups(entry))
+        self.dcredit.optimizers.append(entry)
+        return accelerated
+
+    def _dcredit_model_of(self, optimizer: torch.optim.Optimizer) -> nn.Module:
+        """The prepared model holding the optimizer's parameters (prepared now if pending)."""
+        params = {id(p) for g in optimizer.param_groups for p in g["params"]}
+        for model in self.dcredit.models + self.dcredit.pending:
+            if params <= {id(p) for p in model.parameters()}:
+                return self.prepare_model(model)
+        raise ValueError("dcredit_hvd.frameworks.accelerate: no prepared model holds every "
+                         "parameter of this optimizer; prepare the model first (or in the same "
+                         "accelerator.prepare call): the scheduler needs it")
+
+    # -- the step boundary ---------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """``Accelerator.backward``; a window left open (clip without a step) is closed."""
+        for entry in self.dcredit.optimizers:
+            _end_window(entry)
+        super().backward(loss, **kwargs)
+
+    def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float,
+                        norm_type: float = 2) -> torch.Tensor:
+        """Clip by the norm of the REDUCED gradients: on the micro-batch that steps, wait for
+        them (``synchronize()``) and let the next ``step()`` skip its own wait."""
+        if not self.dcredit.active or not self.sync_gradients:
+            return super().clip_grad_norm_(parameters, max_norm, norm_type)
+        params = list(parameters)
+        ids = {id(p) for p in params}
+        owners = [e for e in self.dcredit.optimizers
+                  if ids & {id(p) for g in e.wrapper.param_groups for p in g["params"]}]
+        for entry in owners:
+            if not entry.synchronized:
+                entry.wrapper.synchronize()
+                entry.skip.enter_context(entry.wrapper.skip_synchronize())
+                entry.synchronized = True
+        if self.dcredit.settings.get("shard"):
+            mine = {id(p) for e in owners for g in e.wrapper.param_groups for p in g["params"]}
+            if len(owners) != 1 or ids != mine:
+                raise ValueError("dcredit_hvd.frameworks.accelerate: with shard=True, "
+                                 "clip_grad_norm_ takes exactly one optimizer's parameters "
+                                 "(model.parameters()): each rank holds slices of them")
+            return owners[0].wrapper.clip_grad_norm_(max_norm, norm_type)
+        return super().clip_grad_norm_(params, max_norm, norm_type)
+
+    # -- checkpoints and the end ------------------------------------------------------------------
+    def settle(self) -> None:
+        """Apply every update the last ``step()`` owes (before reading all weights at once)."""
+        for entry in self.dcredit.optimizers:
+            _end_window(entry)
+            entry.wrapper.apply_pending_updates()
+
+    def wait_for_everyone(self) -> None:
+        self.settle()
+        super().wait_for_everyone()
+
+    def end_training(self) -> None:
+        self.settle()
+        super().end_training()
+
+    def save_state(self, output_dir: Optional[str] = None, safe_serialization: bool = True,
+                   **save_model_func_kwargs: Any) -> str:
+        """``Accelerator.save_state`` of the complete model and optimizer state; with
+        ``shard=True`` each optimizer file holds every rank's slices (``full_state_dict()``)."""
+        self.settle()
+        location = super().save_state(output_dir, safe_serialization, **save_model_func_kwargs)
+        if self.dcredit.active and self.dcredit.settings.get("shard"):
+            for entry in self.dcredit.optimizers:
+                full = entry.wrapper.full_state_dict()          # a collective: every rank
+                name = f"{OPTIMIZER_NAME}.bin" if entry.index == 0 else \
+                    f"{OPTIMIZER_NAME}_{entry.index}.bin"
+                save(full, os.path.join(location, name), safe_serialization=False,
+                     save_on_each_node=self.project_configuration.save_on_each_node)
+                torch.save(entry.wrapper.state_dict(), _own_slices(location, entry, self))
+            super().wait_for_everyone()
+        return location
+
+    def load_state(self, input_dir: Optional[str] = None, load_kwargs: Optional[dict] = None,
+                   **load_model_func_kwargs: Any) -> None:
+        """``Accelerator.load_state``; the wrappers drain what is in flight before loading."""
+        self.settle()
+        super().load_state(input_dir, load_kwargs, **load_model_func_kwargs)
+        if self.dcredit.active and self.dcredit.settings.get("shard") and input_dir is not None:
+            # The full form loads into a job of any size; on the same rank of a job of the
+            # same size, this rank's own slices are loaded over it, exactly as they were.
+            for entry in self.dcredit.optimizers:
+                own = _own_slices(input_dir, entry, self)
+                if os.path.exists(own):
+                    entry.accelerated.load_state_dict(torch.load(own, weights_only=False))
+
+    # -- what cannot work ---------------------------------------------------------------------------
+    def _dcredit_check(self) -> bool:
+        """Several torch.distributed processes (one trains as the plain Accelerator); a clear
+        error for setups that reduce gradients or wrap the model their own way."""
+        where = "dcredit_hvd.frameworks.accelerate: DCreditAccelerator"
+        refused = _REFUSED_TYPES.get(self.distributed_type)
+        if refused is not None:
+            raise ValueError(f"{where} does not support {refused}: that setup reduces gradients "
+                             "(or wraps the model) its own way; use accelerate.Accelerator for it")
+        if self.parallelism_config is not None:
+            raise ValueError(f"{where} does not support parallelism_config (tensor/context "
+                             "parallelism); use accelerate.Accelerator for it")
+        if self.mixed_precision == "fp16" or self.scaler is not None:
+            raise ValueError(f"{where} does not support fp16 loss scaling (the scaler reads and "
+                             "unscales gradients before they are reduced); use bf16")
+        if self.mixed_precision == "fp8":
+            raise ValueError(f"{where} does not support fp8 training; use bf16")
+        if self.state.dynamo_plugin.backend != DynamoBackend.NO:
+            raise ValueError(f"{where} does not support dynamo_backend (torch.compile): the "
+                             "scheduler's hooks need the eager model; use dynamo_backend='no'")
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_world_size() > 1
+        launched = max(int(os.environ.get(name, "1") or 1) for name in _WORLD_VARIABLES)
+        if launched > 1 or self.num_processes > 1:
+            raise RuntimeError(f"{where}: {launched} processes but torch.distributed is not "
+                               "initialised; launch with torchrun or accelerate launch "
+                               "(horovodrun is not supported: Accelerate has no Horovod backend)")
+        return False
+
+
+def _own_slices(directory: str, entry: Wrapped, acc: DCreditAccelerator) -> str:
+    """This rank's own optimizer slices (``shard=True``), beside Accelerate's files."""
+    return os.path.join(directory, f"dcredit_{OPTIMIZER_NAME}_{entry.index}"
+                                   f".rank{acc.process_index}of{acc.num_processes}.bin")
+
+
+def _end_window(entry: Wrapped) -> None:
+    """After ``step()``: the next one waits for its gradients again."""
+    entry.synchronized = False
+    entry.skip.close()
+
+
+def _share_groups(entry: Wrapped) -> None:
+    """``load_state_dict`` gave the wrapper new parameter groups: the user's optimizer (and a
+    scheduler built on it) must set the rates on those."""
+    entry.inner.param_groups = entry.wrapper.param_groups
+
+
+def _settings(dcredit: Optional[Mapping[str, Any] | SchedulerConfig],
+              policy: Optional[str]) -> dict[str, Any]:
+    """``DistributedOptimizer`` keywords from ``dcredit=`` and ``dcredit_policy=``, checked now
+    rather than at ``prepare``; the transport is Accelerate's torch.distributed group."""
+    known = [n for n in inspect.signature(dcredit_hvd.DistributedOptimizer).parameters
+             if n not in _OWN and n != "optimizer"]
+    if dcredit is None:
+        settings: dict[str, Any] = {}
+    elif isinstance(dcredit, SchedulerConfig):
+        settings = {n: getattr(dcredit, n) for n in known if hasattr(dcredit, n)}
+    elif isinstance(dcredit, Mapping):
+        settings = dict(dcredit)
+    else:
+        raise TypeError("dcredit_hvd.frameworks.accelerate: dcredit= takes a mapping of "
+                        "DistributedOptimizer keywords or a SchedulerConfig, got "
+                        f"{type(dcredit).__name__}")
+    own = sorted(set(settings) & set(_OWN))
+    if own:
+        raise ValueError(f"dcredit_hvd.frameworks.accelerate: dcredit= cannot set "
+                         f"{', '.join(own)}: the accelerator sets them (the prepared model, "
+                         "gradient_accumulation_steps)")
+    unknown = sorted(set(settings) - set(known))
+    if unknown:
+        raise TypeError(f"dcredit_hvd.frameworks.accelerate: unknown dcredit= keyword(s) "
+                        f"{', '.join(unknown)}; known: {', '.join(known)}")
+    if policy is not None:
+        settings["policy"] = policy
+    settings.setdefault("transport", "torch.distributed")
+    if settings["transport"] not in (None, "torch.distributed"):
+        raise ValueError("dcredit_hvd.frameworks.accelerate: DCreditAccelerator reduces over "
+                         "Accelerate's torch.distributed group; transport must be "
+                         "'torch.distributed' (Accelerate has no Horovod backend)")
+    return settings
+
+
+def broadcast_from_rank0(model: nn.Module) -> None:
+    """Rank 0's parameters and buffers on every rank, as DDP's constructor does: one
+    broadcast per dtype and device, the tensors flattened."""
+    seen: set[int] = set()
+    groups: dict[tuple, list[torch.Tensor]] = {}
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        if id(tensor) not in seen and tensor.numel() > 0:
+            seen.add(id(tensor))
+            groups.setdefault((tensor.dtype, tensor.device), []).append(tensor.data)
+    with torch.no_grad():
+        for tensors in groups.values():
+            flat = torch.cat([t.reshape(-1) for t in tensors])
+            dist.broadcast(flat, src=0)
+            offset = 0
+            for t in tensors:
+                t.copy_(flat[offset:offset + t.numel()].view_as(t))
+                offset += t.numel()

@@ -1,0 +1,305 @@
+"""The Accelerate cases of ``test_accelerate.py``, run on every rank of ONE 2-rank launch
+(``torchrun`` or ``accelerate launch --cpu``; Gloo, CPU): many short loops in one process.
+
+    python accelerate_cases.py OUT_DIR first    # parity with accelerate.Accelerator (DDP);
+                                                # resume runs save_state at step 2 of 4
+    python accelerate_cases.py OUT_DIR second   # a NEW job: load_state those checkpoints and
+                                                # continue, then the parity cases again
+    python accelerate_cases.py OUT_DIR refuse NAME,...   # one process: refused setups
+
+Each case runs the same plain Accelerate loop (``accumulate``, ``backward``, ``clip_grad_norm_``
+on ``sync_gradients``, ``step``, ``zero_grad``) on a tiny GPT-2 (tied embeddings) with
+``DCreditAccelerator`` and with ``accelerate.Accelerator`` (DDP); every rank starts from its
+own random weights.  Each rank writes ``OUT_DIR/<phase>.rank<r>.json``: per case this rank's
+largest weight difference to the same rank of the reference, both runs' losses and gradient
+norms, and what the model and optimizer were wrapped in.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+import transformers as tf
+from accelerate import Accelerator
+from torch.utils.data import DataLoader, Dataset
+
+VOCAB, SEQ, BATCH = 64, 12, 4
+RTOL, ATOL = 1e-5, 1e-6
+#: Small blocks (several per tensor); ``dcredit``'s plan installed after 3 steps.
+SCHED = {"partition_bytes": 4096, "credit_bytes": 16384, "profile_warmup": 1,
+         "profile_steps": 2}
+
+
+class Tokens(Dataset):
+    """``n`` random token sequences, the same on every rank (seeded by index)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict:
+        ids = torch.randint(0, VOCAB, (SEQ,), generator=torch.Generator().manual_seed(1000 + i))
+        return {"input_ids": ids, "labels": ids.clone()}
+
+
+def gpt2() -> torch.nn.Module:
+    """Each rank its own initial weights: rank 0's must reach every rank (the broadcast)."""
+    torch.manual_seed(100 + dist.get_rank())
+    return tf.GPT2LMHeadModel(tf.GPT2Config(
+        n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=32, resid_pdrop=0.0,
+        embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0))
+
+
+@dataclass(frozen=True)
+class Run:
+    """One loop.  ``policy`` None: the plain ``Accelerator`` (DDP).  ``samples``: 40 is 5
+    micro-batches per rank, a partial accumulation window at each epoch's end."""
+
+    policy: Optional[str] = None
+    accum: int = 1
+    clip: float = 0.0
+    adam: bool = False            # AdamW and a LambdaLR scheduler, else SGD with momentum
+    shard: bool = False
+    samples: int = 40
+    epochs: int = 1
+    save_at: Optional[int] = None  # save_state after this many optimizer steps
+    partition_bytes: int = SCHED["partition_bytes"]
+
+    def key(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+
+def train(run: Run, out: Path, resume: Optional[Path] = None) -> dict:
+    """Run the loop; returns this rank's final weights, losses, clip norms, learning rates."""
+    if run.policy is None:
+        acc: Accelerator = Accelerator(gradient_accumulation_steps=run.accum, cpu=True)
+    else:
+        from dcredit_hvd.frameworks.accelerate import DCreditAccelerator
+        acc = DCreditAccelerator(gradient_accumulation_steps=run.accum, cpu=True,
+                                 dcredit_policy=run.policy,
+                                 dcredit={**SCHED, "shard": run.shard,
+                                          "partition_bytes": run.partition_bytes})
+    model = gpt2()
+    initial = _cross_rank(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    if run.adam:
+        opt: torch.optim.Optimizer = torch.optim.AdamW(model.parameters(), lr=5e-3)
+        sched: Any = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        sched = None
+    loader = DataLoader(Tokens(run.samples), batch_size=BATCH, shuffle=False)
+    if sched is None:
+        model, opt, loader = acc.prepare(model, opt, loader)
+    else:
+        model, opt, loader, sched = acc.prepare(model, opt, loader, sched)
+    steps, losses, norms, lrs = 0, [], [], []
+    skip = 0
+    if resume is not None:
+        acc.load_state(str(resume))
+        steps = run.save_at or 0
+        skip = steps * run.accum
+    started = time.time()
+    for _ in range(run.epochs):
+        batches = acc.skip_first_batches(loader, skip) if skip else loader
+        skip = 0
+        for batch in batches:
+            with acc.accumulate(model):
+                loss = model(**batch).loss
+                acc.backward(loss)
+                if run.clip and acc.sync_gradients:
+                    norms.append(float(acc.clip_grad_norm_(model.parameters(), run.clip)))
+                opt.step()
+                if sched is not None:
+                    sched.step()
+                opt.zero_grad()
+            losses.append(float(loss.detach()))
+            if acc.sync_gradients:
+                steps += 1
+                lrs.append(opt.param_groups[0]["lr"])
+                if steps == run.save_at and resume is None:
+                    acc.save_state(str(out / "checkpoint"))
+    acc.wait_for_everyone()
+    seconds = time.time() - started
+    plain = acc.unwrap_model(model)
+    weights = {k: v.detach().clone().float() for k, v in plain.state_dict().items()}
+    result = {"weights": weights, "losses": losses, "norms": norms, "lrs": lrs, "steps": steps,
+              "seconds": seconds, "initial_cross_rank": initial,
+              "cross_rank": _cross_rank(torch.cat([w.flatten() for w in weights.values()])),
+              "model": type(model).__name__, "optimizer": type(opt.optimizer).__name__,
+              "distributed": callable(getattr(opt.optimizer, "synchronize", None))}
+    for wrapper in getattr(acc, "dcredit_optimizers", []):
+        result["plan"] = wrapper.plan is not None
+        result["inner_lr"] = [g["lr"] for g in opt.optimizer.param_groups]
+        wrapper.close()
+    del acc, model, opt
+    gc.collect()
+    return result
+
+
+def _cross_rank(flat: torch.Tensor) -> float:
+    """Largest |this rank's values - rank 0's|, the max over the ranks."""
+    root = flat.clone()
+    dist.broadcast(root, src=0)
+    found = (flat - root).abs().max().reshape(1).double()
+    dist.all_reduce(found, op=dist.ReduceOp.MAX)
+    return float(found.item())
+
+
+def compare(mine: dict, reference: dict) -> dict:
+    """This rank's weights against the same rank's reference (Horovod's tolerance)."""
+    max_abs, excess, worst = 0.0, -float("inf"), ""
+    for name, ref in reference["weights"].items():
+        diff = (mine["weights"][name] - ref).abs()
+        over = (diff - RTOL * ref.abs() - ATOL).max().item()
+        max_abs = max(max_abs, diff.max().item())
+        if over > excess:
+            excess, worst = over, name
+    found = {k: v for k, v in mine.items() if k != "weights"}
+    found.update(max_abs=max_abs, within_tolerance=excess <= 0, worst_tensor=worst,
+                 reference={k: v for k, v in reference.items() if k != "weights"})
+    return found
+
+
+# -- the cases --------------------------------------------------------------------------------
+ACCUM = dict(accum=2, epochs=2)                        # 5 micro-batches: a partial window
+CLIP = dict(accum=2, epochs=2, clip=0.05, adam=True)   # every step clips (norms > 0.05)
+
+
+def parity_cases() -> dict[str, tuple[Run, Run]]:
+    """Case name -> (DCreditAccelerator run, Accelerator run)."""
+    cases: dict[str, tuple[Run, Run]] = {}
+    for policy in ("dcredit", "bytescheduler"):
+        cases[f"plain-{policy}"] = (Run(policy), Run())
+        cases[f"accumulate-{policy}"] = (Run(policy, **ACCUM), Run(**ACCUM))
+        cases[f"clip-{policy}"] = (Run(policy, **CLIP), Run(**CLIP))
+    cases["clip-noaccum-dcredit"] = (Run("dcredit", clip=0.05, epochs=2),
+                                     Run(clip=0.05, epochs=2))
+    cases["shard-clip-dcredit"] = (Run("dcredit", shard=True, **CLIP), Run(**CLIP))
+    return cases
+
+
+#: Resume cases: 8 micro-batches per rank, accumulation over 2 (4 steps), state saved after 2.
+RESUME = dict(accum=2, clip=0.05, adam=True, samples=64, save_at=2)
+RESUMED = {"resume-dcredit": Run("dcredit", **RESUME),
+           "resume-shard-bytescheduler": Run("bytescheduler", shard=True, **RESUME)}
+
+
+def phase_parity(out: Path) -> dict:
+    results, references = {}, {}
+    only = [n for n in os.environ.get("ACCELERATE_CASES", "").split(",") if n]
+    for name, (mine, ref) in parity_cases().items():
+        if only and name not in only:
+            continue
+        try:
+            if ref.key() not in references:
+                references[ref.key()] = train(ref, out / f"ref-{len(references)}")
+            results[name] = compare(train(mine, out / name), references[ref.key()])
+        except Exception:
+            results[name] = {"error": traceback.format_exc()}
+    return results
+
+
+def prepare_refusals() -> dict:
+    """What ``prepare`` raised for an optimizer it cannot wrap (2 ranks)."""
+    import dcredit_hvd
+    from dcredit_hvd.frameworks.accelerate import DCreditAccelerator
+
+    found = {}
+    for name in ("already-distributed", "optimizer-without-model"):
+        acc, model = DCreditAccelerator(cpu=True), gpt2()
+        opt: Any = torch.optim.SGD(model.parameters(), lr=0.1)
+        if name == "already-distributed":
+            opt = dcredit_hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                                   transport="torch.distributed")
+        try:
+            acc.prepare(model, opt) if name == "already-distributed" else acc.prepare(opt)
+            found[name] = {"raised": None}
+        except Exception as exc:                   # noqa: BLE001 - recorded for the test
+            found[name] = {"raised": type(exc).__name__, "message": str(exc)}
+        if name == "already-distributed":
+            opt.close()
+    return found
+
+
+def phase_first(out: Path) -> dict:
+    """Parity, and the resume cases' uninterrupted runs (checkpoint after step 2)."""
+    results = phase_parity(out)
+    results["refusals"] = prepare_refusals()
+    rank = dist.get_rank()
+    for name, run in RESUMED.items():
+        try:
+            ref = train(Run(**{**asdict(run), "policy": None, "shard": False, "save_at": None}), out / "none")
+            got = train(run, out / name)
+            torch.save(got["weights"], out / f"{name}.full{rank}.pt")
+            results[name + "-full"] = compare(got, ref)
+            results[name + "-full"]["checkpoint"] = (out / name / "checkpoint").is_dir()
+        except Exception:
+            results[name + "-full"] = {"error": traceback.format_exc()}
+    return results
+
+
+def phase_second(out: Path) -> dict:
+    """A new job: each checkpoint loaded and trained on; then parity again."""
+    results = {}
+    rank = dist.get_rank()
+    for name, run in RESUMED.items():
+        try:
+            got = train(run, out / name, resume=out / name / "checkpoint")
+            full = {"weights": torch.load(out / f"{name}.full{rank}.pt")}
+            results[name] = compare(got, full)
+        except Exception:
+            results[name] = {"error": traceback.format_exc()}
+    results.update(phase_parity(out))
+    return results
+
+
+REFUSED = {"fp16": dict(mixed_precision="fp16"), "dynamo": dict(dynamo_backend="eager"),
+           "horovodrun": {}, "transport-horovod": dict(dcredit={"transport": "horovod"}),
+           "unknown-keyword": dict(dcredit={"partition": 1}),
+           "sets-model": dict(dcredit={"model": None})}
+
+
+def refuse(name: str) -> dict:
+    """One refused setup: what ``DCreditAccelerator(...)`` raised (one process)."""
+    from dcredit_hvd.frameworks.accelerate import DCreditAccelerator
+
+    if name == "horovodrun":
+        os.environ["HOROVOD_SIZE"] = "2"           # as horovodrun sets it
+    try:
+        DCreditAccelerator(cpu=True, **REFUSED[name])
+        return {"raised": None}
+    except Exception as exc:                       # noqa: BLE001 - recorded for the test
+        return {"raised": type(exc).__name__, "message": str(exc)}
+    finally:
+        os.environ.pop("HOROVOD_SIZE", None)
+
+
+if __name__ == "__main__":
+    OUT, PHASE = Path(sys.argv[1]), sys.argv[2]
+    torch.set_num_threads(1)
+    tf.logging.set_verbosity_error()
+    if PHASE == "refuse":      # names in order; fp16 and dynamo each need a fresh process
+        for name in sys.argv[3].split(","):
+            (OUT / f"refuse-{name}.json").write_text(json.dumps(refuse(name)))
+        sys.exit(0)
+    setup = Accelerator(cpu=True)                  # initialises the process group
+    begun = time.time()
+    found = phase_first(OUT) if PHASE == "first" else phase_second(OUT)
+    launcher = "accelerate" if "ACCELERATE_USE_CPU" in os.environ else "torchrun"
+    (OUT / f"{PHASE}.rank{dist.get_rank()}.json").write_text(json.dumps(
+        {"cases": found, "seconds": time.time() - begun, "launcher": launcher,
+         "distributed_type": str(setup.distributed_type),
+         "world": dist.get_world_size()}, indent=1))
+    dist.barrier()
+    dist.destroy_process_group()
