@@ -80,7 +80,8 @@ def loss_of(model: str, net: nn.Module, data: Any) -> torch.Tensor:
 
 
 def train(strategy: Any, model: str = "cnn", accumulate: int = 1, clip: Optional[float] = None,
-          optimizer: str = "", separate: bool = False) -> dict:
+          optimizer: str = "", separate: bool = False, steps: range = range(STEPS),
+          resume_from: Optional[Path] = None, save_to: Optional[Path] = None) -> dict:
     """The user's Fabric loop: ``setup``, ``no_backward_sync`` around all but the last
     micro-batch, ``backward``, ``clip_gradients``, ``step``.  Returns the final state."""
     fabric = L.Fabric(strategy=strategy, accelerator="cpu", devices=2)
@@ -96,8 +97,10 @@ def train(strategy: Any, model: str = "cnn", accumulate: int = 1, clip: Optional
         fmodel, fopt = fabric.setup_module(net), fabric.setup_optimizers(opt)
     else:
         fmodel, fopt = fabric.setup(net, opt)
+    if resume_from is not None:
+        fabric.load(resume_from, {"model": fmodel, "optimizer": fopt})
     losses, norms = [], []
-    for step in range(STEPS):
+    for step in steps:
         for micro in range(accumulate):
             with fabric.no_backward_sync(fmodel, enabled=micro < accumulate - 1):
                 loss = loss_of(model, fmodel, batch(model, step, micro)) / accumulate
@@ -109,6 +112,8 @@ def train(strategy: Any, model: str = "cnn", accumulate: int = 1, clip: Optional
             norms.append(float(fabric.clip_gradients(fmodel, fopt, max_norm=clip)))
         fopt.step()
         fopt.zero_grad()
+    if save_to is not None:
+        fabric.save(save_to, {"model": fmodel, "optimizer": fopt})
     state = {k: v.detach().clone().float() for k, v in net.state_dict().items()}
     saved = fopt.state_dict()     # what fabric.save() writes (shard=True: every rank's slices)
     inner = fopt.optimizer
@@ -203,6 +208,20 @@ def parity() -> None:
         case(name, run)
 
 
+def resume() -> None:
+    """``fabric.save`` after step 3 of a ``shard=True`` run, ``fabric.load`` in a new run (sharded,
+    or not) that takes steps 4-5: it must end where 5 uninterrupted DDP steps end."""
+    ref = train("ddp")
+    tail = dict(ref, losses=ref["losses"][3:])
+    for name, shard in (("resume-shard", True), ("resume-shard-into-plain", False)):
+        def run(shard: bool = shard, name: str = name) -> dict:
+            path = OUT / f"{name}.ckpt"
+            train(dcredit("bytescheduler", shard=True), steps=range(3), save_to=path)
+            return compare(train(dcredit("bytescheduler", shard=shard), steps=range(3, STEPS),
+                                 resume_from=path), tail)
+        case(name, run)
+
+
 def collectives() -> None:
     """Fabric's collectives (``all_reduce``, ``broadcast``, ``all_gather``, ``barrier``, the
     boolean decision) give DDP's results."""
@@ -259,6 +278,7 @@ def main() -> None:
     started = time.monotonic()
     if GROUP == "main":
         parity()
+        resume()
         collectives()
         refusals()
     elif GROUP == "launch":                  # rank 1 started by Fabric's launch()

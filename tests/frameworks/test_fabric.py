@@ -170,6 +170,17 @@ def test_shard_true_clips_by_the_global_norm_and_matches_ddp(main_job: Job, case
     assert results[0]["norms"] == results[1]["norms"]
 
 
+@pytest.mark.parametrize("case", ["resume-shard", "resume-shard-into-plain"])
+def test_a_sharded_checkpoint_resumes_where_the_uninterrupted_run_ends(
+        main_job: Job, case: str) -> None:
+    """``fabric.save`` at step 3 of a ``shard=True`` run writes every rank's slices of the
+    optimizer state (rank 0 writes the file); ``fabric.load`` into a new sharded (or unsharded)
+    run, 2 more steps: DDP's 5-step weights, momentum and losses of steps 4-5."""
+    results = main_job.case(case)
+    _assert_parity(results, case)
+    assert all(len(r["losses"]) == 2 for r in results)
+
+
 def test_fabrics_collectives_under_dcredit_give_ddps_results(main_job: Job) -> None:
     for result in main_job.case("collectives"):
         assert result["dcredit"] == result["ddp"], result
