@@ -4,15 +4,13 @@ all-reduced by ``dcredit_hvd``'s scheduler instead of a ``DistributedDataParalle
     import dcredit_hvd.frameworks.fabric        # registers "dcredit" in Fabric's registry
     fabric = lightning.Fabric(strategy="dcredit", accelerator="cpu", devices=2)
 
-Built on ``ParallelStrategy``, not ``DDPStrategy``: a ``DDPStrategy`` carries DDP's
-backward-sync control, whose ``no_backward_sync`` raises for any module that is not a DDP wrap,
-and only a private attribute could swap it.  Without one, Fabric's documented contract makes
-``fabric.no_backward_sync`` a no-op with a ``PossibleUserWarning``; that is harmless here
-because the wrapped optimizer itself holds the gradients back until the last of
-``DCreditFabricStrategy(backward_passes_per_step=N)`` backward passes (too many backward passes
-for ``N`` raise, they never average silently).  Only public ``Strategy`` methods are
-overridden, and no private attribute of torch or Lightning is read or written
-(``docs/frameworks-fabric.md``).
+On ``ParallelStrategy``, not ``DDPStrategy``, whose backward-sync control raises for a module
+that is not DDP-wrapped (only a private attribute could swap it).  Without one, Fabric's
+documented contract makes ``fabric.no_backward_sync`` a no-op with a ``PossibleUserWarning``:
+harmless, as the wrapper holds the gradients back until the last of
+``DCreditFabricStrategy(backward_passes_per_step=N)`` passes (one too many raises).  Only
+public ``Strategy`` methods are overridden; no private attribute of torch or Lightning is read
+or written (``docs/frameworks-fabric.md``).
 """
 from __future__ import annotations
 
@@ -190,11 +188,10 @@ class DCreditFabricStrategy(ParallelStrategy):
 
     # -- buffers, by DDP's rule ------------------------------------------------------------
     def before_forward(self, module: Module, args: Any) -> None:
-        if self.buffers_next.get(id(module)):
-            buffers = [b.data for b in module.buffers() if b.numel()]
-            if buffers:
-                with torch.no_grad():
-                    torch_broadcast(buffers)
+        buffers = [b.data for b in module.buffers() if b.numel()]
+        if self.buffers_next.get(id(module)) and buffers:
+            with torch.no_grad():
+                torch_broadcast(buffers)
 
     def after_forward(self, module: Module, args: Any, output: Any) -> None:
         """DDP broadcasts before a forward that follows one with gradients and sync on; the
@@ -319,14 +316,12 @@ class ScriptLauncher:
         self.environment, self.processes = environment, processes
 
     def launch(self, function: Any, *args: Any, **kwargs: Any) -> Any:
-        import __main__
-        spec = getattr(__main__, "__spec__", None)
+        spec = getattr(sys.modules["__main__"], "__spec__", None)
         command = ([sys.executable, "-m", spec.name] if spec is not None
                    else [sys.executable, os.path.abspath(sys.argv[0])]) + sys.argv[1:]
-        common = {"MASTER_ADDR": self.environment.main_address,
-                  "MASTER_PORT": str(self.environment.main_port),
-                  "WORLD_SIZE": str(self.processes), "NODE_RANK": "0"}
-        os.environ.update(common)
+        os.environ.update(MASTER_ADDR=self.environment.main_address, NODE_RANK="0",
+                          MASTER_PORT=str(self.environment.main_port),
+                          WORLD_SIZE=str(self.processes))
         for rank in range(1, self.processes):
             subprocess.Popen(command, env={**os.environ, "LOCAL_RANK": str(rank),
                                            "RANK": str(rank)})
