@@ -80,11 +80,12 @@ def loss_of(model: str, net: nn.Module, data: Any) -> torch.Tensor:
 
 
 def train(strategy: Any, model: str = "cnn", accumulate: int = 1, clip: Optional[float] = None,
-          optimizer: str = "", separate: bool = False, steps: range = range(STEPS),
+          optimizer: str = "", precision: str = "32-true", separate: bool = False,
+          steps: range = range(STEPS),
           resume_from: Optional[Path] = None, save_to: Optional[Path] = None) -> dict:
     """The user's Fabric loop: ``setup``, ``no_backward_sync`` around all but the last
     micro-batch, ``backward``, ``clip_gradients``, ``step``.  Returns the final state."""
-    fabric = L.Fabric(strategy=strategy, accelerator="cpu", devices=2)
+    fabric = L.Fabric(strategy=strategy, accelerator="cpu", devices=2, precision=precision)
     fabric.launch()
     torch.manual_seed(100 + rank())          # other weights on each rank: rank 0's must win
     net = gpt2() if model == "gpt2" else CNN()
@@ -169,7 +170,7 @@ def dcredit(policy: str = "dcredit", **kwargs: Any) -> DCreditFabricStrategy:
 
 
 #: case -> (model, micro-batches, clip (> 0: max_norm, < 0: -clip_val), optimizer,
-#: DCreditFabricStrategy settings).
+#: DCreditFabricStrategy settings, and Fabric's precision).
 #: shard=True clips by a float64 norm of the slices (torch: float32), an ulp off DDP's; on
 #: GPT-2 AdamW turns that ulp into ~2e-5 through the attention key bias, whose gradient is
 #: rounding noise (mathematically zero), so the sharded GPT-2 case steps with SGD.
@@ -184,6 +185,8 @@ PARITY: dict[str, tuple[str, int, Optional[float], str, dict]] = {
     "gpt2-dcredit": ("gpt2", 1, None, "adamw", {}),
     "gpt2-bytescheduler-clip-norm": ("gpt2", 1, 0.5, "adamw", {"policy": "bytescheduler"}),
     "gpt2-accumulate": ("gpt2", 2, None, "adamw", {"backward_passes_per_step": 2}),
+    "bf16-clip-norm": ("cnn", 1, 0.05, "sgd", {"precision": "bf16-mixed"}),
+    "gpt2-bf16": ("gpt2", 1, None, "adamw", {"precision": "bf16-mixed"}),
     "clip-value": ("cnn", 1, -0.002, "sgd", {}),
     "shard-clip-norm": ("cnn", 1, 0.05, "sgd", {"shard": True}),
     "shard-gpt2-accumulate-clip-norm": ("gpt2", 2, 0.5, "sgd", {
@@ -194,12 +197,13 @@ PARITY: dict[str, tuple[str, int, Optional[float], str, dict]] = {
 def parity() -> None:
     refs: dict[tuple, dict] = {}
     for name, (model, accumulate, clip, optimizer, settings) in PARITY.items():
-        key = (model, accumulate, clip, optimizer)
+        settings = dict(settings)
+        key = (model, accumulate, clip, optimizer, settings.pop("precision", "32-true"))
 
         def run(settings: dict = settings, key: tuple = key, name: str = name) -> dict:
             if key not in refs:
                 refs[key] = train("ddp", *key)
-                if key == ("cnn", 1, None, "sgd"):
+                if key == ("cnn", 1, None, "sgd", "32-true"):
                     torch.save(refs[key], OUT / f"ref-plain.rank{rank()}.pt")
             got = train(dcredit(**settings), *key, separate=name == "separate-setup")
             result = compare(got, refs[key])

@@ -33,9 +33,10 @@ DRIVER = str(HERE / "fabric_cases.py")
 TORCHRUN = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2"]
 LAUNCH_TIMEOUT_S = 180.0
 
-PLAIN = ["plain-dcredit", "plain-bytescheduler", "plain-sync", "separate-setup", "gpt2-dcredit"]
+PLAIN = ["plain-dcredit", "plain-bytescheduler", "plain-sync", "separate-setup", "gpt2-dcredit",
+         "gpt2-bf16"]
 ACCUMULATION = ["accumulate", "gpt2-accumulate", "accumulate-clip-norm"]
-CLIPPING = ["clip-norm", "clip-value", "gpt2-bytescheduler-clip-norm"]
+CLIPPING = ["clip-norm", "clip-value", "gpt2-bytescheduler-clip-norm", "bf16-clip-norm"]
 SHARDED = ["shard-clip-norm", "shard-gpt2-accumulate-clip-norm"]
 REFUSALS = {
     "refuse-wrapped-optimizer": "pass the plain torch optimizer",
@@ -125,7 +126,7 @@ def _assert_parity(results: list[dict], what: str) -> None:
 def test_a_fabric_loop_under_dcredit_ends_on_ddps_weights_on_every_rank(
         main_job: Job, case: str) -> None:
     """5 steps of ``setup``/``backward``/``step`` (a CNN with batch norm and SGD, a tiny GPT-2
-    with tied embeddings and AdamW): ranks start from different weights and see different
+    with tied embeddings and AdamW, also in bf16-mixed): ranks start from different weights and see different
     data, so rank 0's weights and buffers must have been broadcast, and every gradient
     averaged, for each rank to end on DDP's.  Policy ``dcredit`` ran with its plan in force."""
     results = main_job.case(case)
@@ -179,6 +180,16 @@ def test_a_sharded_checkpoint_resumes_where_the_uninterrupted_run_ends(
     results = main_job.case(case)
     _assert_parity(results, case)
     assert all(len(r["losses"]) == 2 for r in results)
+
+
+def test_an_unsupported_lightning_version_is_refused_at_import() -> None:
+    code = ("import lightning; lightning.__version__ = '2.7.0'\n"
+            "try:\n    import dcredit_hvd.frameworks.fabric\n"
+            "except ImportError as exc:\n    print('REFUSED', exc)")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=120).stdout
+    assert "REFUSED" in out and "lightning 2.7.0 is not supported" in out, out
 
 
 def test_fabrics_collectives_under_dcredit_give_ddps_results(main_job: Job) -> None:
