@@ -126,9 +126,10 @@ def _assert_parity(results: list[dict], what: str) -> None:
 def test_a_fabric_loop_under_dcredit_ends_on_ddps_weights_on_every_rank(
         main_job: Job, case: str) -> None:
     """5 steps of ``setup``/``backward``/``step`` (a CNN with batch norm and SGD, a tiny GPT-2
-    with tied embeddings and AdamW, also in bf16-mixed): ranks start from different weights and see different
-    data, so rank 0's weights and buffers must have been broadcast, and every gradient
-    averaged, for each rank to end on DDP's.  Policy ``dcredit`` ran with its plan in force."""
+    with tied embeddings and AdamW, also in bf16-mixed): ranks start from different weights
+    and see different data, so rank 0's weights and buffers must have been broadcast, and
+    every gradient averaged, for each rank to end on DDP's.  Policy ``dcredit`` ran with its
+    plan in force."""
     results = main_job.case(case)
     _assert_parity(results, case)
     assert all(r["planned"] == (r["policy"] == "dcredit") for r in results), results[0]
