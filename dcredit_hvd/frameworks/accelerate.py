@@ -118,6 +118,9 @@ class DCreditAccelerator(accelerate.Accelerator):
                                "DCreditAccelerator needs the model itself")
         broadcast_from_rank0(model)
         self.dcredit.models.append(model)
+        handler = self.ddp_handler
+        if any(True for _ in model.buffers()) and (handler is None or handler.broadcast_buffers):
+            _BufferSync(self).install(model)
         return model
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer,
@@ -260,6 +263,27 @@ class DCreditAccelerator(accelerate.Accelerator):
         return False
 
 
+class _BufferSync:
+    """DDP's ``broadcast_buffers``: rank 0's buffers (batch-norm statistics) before a forward
+    that follows one which synchronised (the first of each accumulation window), through the
+    model's public forward hooks, as DDP's own pre- and post-forward decide."""
+
+    def __init__(self, accelerator: DCreditAccelerator) -> None:
+        self.accelerator = accelerator
+        self.sync_next = True
+
+    def install(self, model: nn.Module) -> None:
+        model.register_forward_pre_hook(lambda module, _: self.before(module))
+        model.register_forward_hook(lambda *_: self.after())
+
+    def before(self, model: nn.Module) -> None:
+        if self.sync_next:
+            broadcast_from_rank0(model, parameters=False)
+
+    def after(self) -> None:
+        self.sync_next = torch.is_grad_enabled() and self.accelerator.sync_gradients
+
+
 def _own_slices(directory: str, entry: Wrapped, acc: DCreditAccelerator) -> str:
     """This rank's own optimizer slices (``shard=True``), beside Accelerate's files."""
     return os.path.join(directory, f"dcredit_{OPTIMIZER_NAME}_{entry.index}"
@@ -313,12 +337,12 @@ def _settings(dcredit: Optional[Mapping[str, Any] | SchedulerConfig],
     return settings
 
 
-def broadcast_from_rank0(model: nn.Module) -> None:
-    """Rank 0's parameters and buffers on every rank, as DDP's constructor does: one
+def broadcast_from_rank0(model: nn.Module, parameters: bool = True) -> None:
+    """Rank 0's parameters and buffers (or buffers only) on every rank, as DDP does: one
     broadcast per dtype and device, the tensors flattened."""
     seen: set[int] = set()
     groups: dict[tuple, list[torch.Tensor]] = {}
-    for tensor in list(model.parameters()) + list(model.buffers()):
+    for tensor in (list(model.parameters()) if parameters else []) + list(model.buffers()):
         if id(tensor) not in seen and tensor.numel() > 0:
             seen.add(id(tensor))
             groups.setdefault((tensor.dtype, tensor.device), []).append(tensor.data)

@@ -61,6 +61,26 @@ def gpt2() -> torch.nn.Module:
         embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0))
 
 
+class BatchNormTokens(torch.nn.Module):
+    """A model with buffers that training changes (batch-norm statistics): DDP broadcasts
+    rank 0's before the first forward of each accumulation window."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(100 + dist.get_rank())
+        self.embed = torch.nn.Embedding(VOCAB, 16)
+        self.norm = torch.nn.BatchNorm1d(16)
+        self.head = torch.nn.Linear(16, VOCAB)
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> Any:
+        logits = self.head(self.norm(self.embed(input_ids).mean(1)))
+        return tf.modeling_outputs.ModelOutput(
+            loss=torch.nn.functional.cross_entropy(logits, labels[:, 0]))
+
+
+MODELS = {"gpt2": gpt2, "batchnorm": BatchNormTokens}
+
+
 @dataclass(frozen=True)
 class Run:
     """One loop.  ``policy`` None: the plain ``Accelerator`` (DDP).  ``samples``: 40 is 5
@@ -75,6 +95,7 @@ class Run:
     epochs: int = 1
     save_at: Optional[int] = None  # save_state after this many optimizer steps
     partition_bytes: int = SCHED["partition_bytes"]
+    model: str = "gpt2"
 
     def key(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -90,7 +111,7 @@ def train(run: Run, out: Path, resume: Optional[Path] = None) -> dict:
                                  dcredit_policy=run.policy,
                                  dcredit={**SCHED, "shard": run.shard,
                                           "partition_bytes": run.partition_bytes})
-    model = gpt2()
+    model = MODELS[run.model]()
     initial = _cross_rank(torch.cat([p.detach().flatten() for p in model.parameters()]))
     if run.adam:
         opt: torch.optim.Optimizer = torch.optim.AdamW(model.parameters(), lr=5e-3)
@@ -183,6 +204,10 @@ def parity_cases() -> dict[str, tuple[Run, Run]]:
         cases[f"plain-{policy}"] = (Run(policy), Run())
         cases[f"accumulate-{policy}"] = (Run(policy, **ACCUM), Run(**ACCUM))
         cases[f"clip-{policy}"] = (Run(policy, **CLIP), Run(**CLIP))
+    cases["adam-scheduler-overlap-dcredit"] = (Run("dcredit", adam=True, epochs=2),
+                                               Run(adam=True, epochs=2))
+    cases["batchnorm-accumulate-dcredit"] = (Run("dcredit", model="batchnorm", **ACCUM),
+                                             Run(model="batchnorm", **ACCUM))
     cases["clip-noaccum-dcredit"] = (Run("dcredit", clip=0.05, epochs=2),
                                      Run(clip=0.05, epochs=2))
     cases["shard-clip-dcredit"] = (Run("dcredit", shard=True, **CLIP), Run(**CLIP))

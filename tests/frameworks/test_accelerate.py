@@ -7,8 +7,10 @@ fixtures), and each test reads the per-rank JSON the jobs wrote:
 * ``first``: ``torchrun --standalone --nproc-per-node 2``: a tiny GPT-2 (tied embeddings, each
   rank its own initial weights) trained by the same user loop with both accelerators: plain,
   accumulation over 2 (a partial window at each epoch's end), ``clip_grad_norm_`` with AdamW
-  and an LR scheduler, ``shard=True``, policies ``dcredit`` and ``bytescheduler``; resume runs
-  ``save_state`` after step 2 of 4 and go on; ``prepare`` refusals.
+  and an LR scheduler, AdamW and the scheduler with overlapped updates (no clipping), a
+  batch-norm model (DDP's ``broadcast_buffers``), ``shard=True``, policies ``dcredit`` and
+  ``bytescheduler``; resume runs ``save_state`` after step 2 of 4 and go on; ``prepare``
+  refusals.
 * ``second``: ``accelerate launch --cpu --num_processes 2`` (Accelerate's multi-CPU launch, via
   mpirun): a NEW job ``load_state``s those checkpoints, trains steps 3-4, and must end where the
   runs that never stopped ended; then the parity cases again under this launcher.
@@ -35,8 +37,9 @@ CASES = HERE / "accelerate_cases.py"
 LAUNCH_TIMEOUT_S = 240.0
 RTOL, ATOL = 1e-5, 1e-6
 PARITY = [f"{kind}-{policy}" for kind in ("plain", "accumulate", "clip")
-          for policy in ("dcredit", "bytescheduler")] + ["clip-noaccum-dcredit",
-                                                         "shard-clip-dcredit"]
+          for policy in ("dcredit", "bytescheduler")] + [
+              "adam-scheduler-overlap-dcredit", "batchnorm-accumulate-dcredit", "clip-noaccum-dcredit",
+              "shard-clip-dcredit"]
 RESUMED = ["resume-dcredit", "resume-shard-bytescheduler"]
 LAUNCHERS = ("torchrun", "accelerate")
 REFUSED = {
@@ -151,9 +154,12 @@ def test_dcredit_accelerator_matches_accelerator_on_ddp(jobs: dict[str, list[dic
             f"rank {rank}: weights off by {case['max_abs']:.3g} (worst: {case['worst_tensor']})")
         assert _close(case["losses"], ref["losses"]) and len(ref["losses"]) >= 5
         assert _close(case["lrs"], ref["lrs"]) and case["steps"] == ref["steps"] >= 3
-        assert case["initial_cross_rank"] > 1e-3 and case["cross_rank"] == 0.0
+        assert case["initial_cross_rank"] > 1e-3
+        # batch-norm statistics end apart (each rank's own last window), as DDP's do
+        assert case["cross_rank"] == ref["cross_rank"] == (0.0 if "gpt2" in case["model"].lower()
+                                                           else pytest.approx(0.05, abs=0.04))
         assert ref["model"] == "DistributedDataParallel" and not ref["distributed"]
-        assert case["model"] == "GPT2LMHeadModel" and case["distributed"]
+        assert case["model"] in ("GPT2LMHeadModel", "BatchNormTokens") and case["distributed"]
         if "-dcredit" in name:
             assert case["plan"], "dcredit never installed its plan"
 
