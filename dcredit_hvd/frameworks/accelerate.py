@@ -87,7 +87,7 @@ class DCreditAccelerator(accelerate.Accelerator):
                  dcredit_policy: Optional[str] = None, **kwargs: Any) -> None:
         self.dcredit = DCreditState(settings=_settings(dcredit, dcredit_policy))
         super().__init__(*args, **kwargs)
-        self.dcredit.active = self._dcredit_check()
+        self.dcredit.active = _check(self)
 
     @property
     def dcredit_optimizers(self) -> list[torch.optim.Optimizer]:
@@ -132,7 +132,7 @@ class DCreditAccelerator(accelerate.Accelerator):
             raise ValueError("dcredit_hvd.frameworks.accelerate: the optimizer is already a "
                              "distributed optimizer; pass the plain torch optimizer: "
                              "DCreditAccelerator wraps it")
-        model = self._dcredit_model_of(optimizer)
+        model = _model_of(self, optimizer)
         # Accelerate first: it reloads the optimizer's state onto the device, which replaces
         # its parameter groups; the wrapper is then built on (and shares) the new groups.
         accelerated = super().prepare_optimizer(optimizer, device_placement)
@@ -146,16 +146,6 @@ class DCreditAccelerator(accelerate.Accelerator):
         wrapper.register_load_state_dict_post_hook(lambda *_: _share_groups(entry))
         self.dcredit.optimizers.append(entry)
         return accelerated
-
-    def _dcredit_model_of(self, optimizer: torch.optim.Optimizer) -> nn.Module:
-        """The prepared model holding the optimizer's parameters (prepared now if pending)."""
-        params = {id(p) for g in optimizer.param_groups for p in g["params"]}
-        for model in self.dcredit.models + self.dcredit.pending:
-            if params <= {id(p) for p in model.parameters()}:
-                return self.prepare_model(model)
-        raise ValueError("dcredit_hvd.frameworks.accelerate: no prepared model holds every "
-                         "parameter of this optimizer; prepare the model first (or in the same "
-                         "accelerator.prepare call): the scheduler needs it")
 
     # -- the step boundary ---------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
@@ -203,6 +193,13 @@ class DCreditAccelerator(accelerate.Accelerator):
         self.settle()
         super().end_training()
 
+    def free_memory(self, *objects: Any) -> Any:
+        """``Accelerator.free_memory`` forgets what was prepared; so does the scheduler side."""
+        self.settle()
+        self.dcredit.models, self.dcredit.optimizers = [], []
+        self.dcredit.prepared_optimizers = 0
+        return super().free_memory(*objects)
+
     def save_state(self, output_dir: Optional[str] = None, safe_serialization: bool = True,
                    **save_model_func_kwargs: Any) -> str:
         """``Accelerator.save_state`` of the complete model and optimizer state; with
@@ -233,34 +230,45 @@ class DCreditAccelerator(accelerate.Accelerator):
                 if os.path.exists(own):
                     entry.accelerated.load_state_dict(torch.load(own, weights_only=False))
 
-    # -- what cannot work ---------------------------------------------------------------------------
-    def _dcredit_check(self) -> bool:
-        """Several torch.distributed processes (one trains as the plain Accelerator); a clear
-        error for setups that reduce gradients or wrap the model their own way."""
-        where = "dcredit_hvd.frameworks.accelerate: DCreditAccelerator"
-        refused = _REFUSED_TYPES.get(self.distributed_type)
-        if refused is not None:
-            raise ValueError(f"{where} does not support {refused}: that setup reduces gradients "
-                             "(or wraps the model) its own way; use accelerate.Accelerator for it")
-        if self.parallelism_config is not None:
-            raise ValueError(f"{where} does not support parallelism_config (tensor/context "
-                             "parallelism); use accelerate.Accelerator for it")
-        if self.mixed_precision == "fp16" or self.scaler is not None:
-            raise ValueError(f"{where} does not support fp16 loss scaling (the scaler reads and "
-                             "unscales gradients before they are reduced); use bf16")
-        if self.mixed_precision == "fp8":
-            raise ValueError(f"{where} does not support fp8 training; use bf16")
-        if self.state.dynamo_plugin.backend != DynamoBackend.NO:
-            raise ValueError(f"{where} does not support dynamo_backend (torch.compile): the "
-                             "scheduler's hooks need the eager model; use dynamo_backend='no'")
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_world_size() > 1
-        launched = max(int(os.environ.get(name, "1") or 1) for name in _WORLD_VARIABLES)
-        if launched > 1 or self.num_processes > 1:
-            raise RuntimeError(f"{where}: {launched} processes but torch.distributed is not "
-                               "initialised; launch with torchrun or accelerate launch "
-                               "(horovodrun is not supported: Accelerate has no Horovod backend)")
-        return False
+
+def _check(acc: DCreditAccelerator) -> bool:
+    """Several torch.distributed processes (one trains as the plain Accelerator); a clear
+    error for setups that reduce gradients or wrap the model their own way."""
+    where = "dcredit_hvd.frameworks.accelerate: DCreditAccelerator"
+    refused = _REFUSED_TYPES.get(acc.distributed_type)
+    if refused is not None:
+        raise ValueError(f"{where} does not support {refused}: that setup reduces gradients "
+                         "(or wraps the model) its own way; use accelerate.Accelerator for it")
+    if acc.parallelism_config is not None:
+        raise ValueError(f"{where} does not support parallelism_config (tensor/context "
+                         "parallelism); use accelerate.Accelerator for it")
+    if acc.mixed_precision == "fp16" or acc.scaler is not None:
+        raise ValueError(f"{where} does not support fp16 loss scaling (the scaler reads and "
+                         "unscales gradients before they are reduced); use bf16")
+    if acc.mixed_precision == "fp8":
+        raise ValueError(f"{where} does not support fp8 training; use bf16")
+    if acc.state.dynamo_plugin.backend != DynamoBackend.NO:
+        raise ValueError(f"{where} does not support dynamo_backend (torch.compile): the "
+                         "scheduler's hooks need the eager model; use dynamo_backend='no'")
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size() > 1
+    launched = max(int(os.environ.get(name, "1") or 1) for name in _WORLD_VARIABLES)
+    if launched > 1 or acc.num_processes > 1:
+        raise RuntimeError(f"{where}: {launched} processes but torch.distributed is not "
+                           "initialised; launch with torchrun or accelerate launch "
+                           "(horovodrun is not supported: Accelerate has no Horovod backend)")
+    return False
+
+
+def _model_of(acc: DCreditAccelerator, optimizer: torch.optim.Optimizer) -> nn.Module:
+    """The prepared model holding the optimizer's parameters (prepared now if pending)."""
+    params = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    for model in acc.dcredit.models + acc.dcredit.pending:
+        if params <= {id(p) for p in model.parameters()}:
+            return acc.prepare_model(model)
+    raise ValueError("dcredit_hvd.frameworks.accelerate: no prepared model holds every "
+                     "parameter of this optimizer; prepare the model first (or in the same "
+                     "accelerator.prepare call): the scheduler needs it")
 
 
 class _BufferSync:
