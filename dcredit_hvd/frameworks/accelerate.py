@@ -8,16 +8,19 @@ by ``dcredit_hvd`` instead of DDP; the user's loop does not change.
 Only public ``Accelerator`` methods are overridden (``docs/frameworks-accelerate.md``):
 
 * ``prepare_model``: prepared for evaluation (device, autocast; no DDP), rank 0's parameters
-  and buffers broadcast, as DDP's constructor does.
+  and buffers broadcast, as DDP's constructor does (buffers again at each window's first
+  forward, as DDP's ``broadcast_buffers``).
 * ``prepare_optimizer``: Accelerate's ``AcceleratedOptimizer`` then holds a
   ``dcredit_hvd.DistributedOptimizer`` over the user's optimizer, with
   ``backward_passes_per_step=gradient_accumulation_steps`` (``accumulate()`` skips ``step()``
   and ``zero_grad()`` on the same micro-batches the wrapper does not reduce on).  The wrapper
-  shares the user's optimizer's parameter groups, so a scheduler built on it sets the rates.
+  shares the user's optimizer's parameter-group dicts (also through ``load_state_dict``), so
+  a scheduler built on it sets the rates.
 * ``clip_grad_norm_``: ``synchronize()`` first (clipping reads reduced gradients), the next
   ``step()`` in ``skip_synchronize()``; ``shard=True`` clips by the norm of every rank's slices.
 * ``save_state``/``load_state``: owed updates applied first; ``shard=True`` saves the full
-  optimizer state (``full_state_dict()``), which loads into a job of any size.
+  optimizer state (``full_state_dict()``) and each rank's own slices (loaded exactly on a job
+  of the same size).
 """
 from __future__ import annotations
 
@@ -52,11 +55,10 @@ _REFUSED_TYPES = {DistributedType.DEEPSPEED: "DeepSpeed", DistributedType.FSDP: 
 
 @dataclass
 class Wrapped:
-    """One prepared optimizer: Accelerate's, the scheduler's wrapper inside it, the user's."""
+    """One prepared optimizer: Accelerate's, and the scheduler's wrapper inside it."""
 
     accelerated: Any
     wrapper: torch.optim.Optimizer
-    inner: torch.optim.Optimizer
     index: int                                     # Accelerate's checkpoint file number
     skip: ExitStack = field(default_factory=ExitStack)
     synchronized: bool = False
@@ -140,10 +142,9 @@ class DCreditAccelerator(accelerate.Accelerator):
             optimizer, named_parameters=model.named_parameters(), model=model,
             backward_passes_per_step=self.gradient_accumulation_steps, **self.dcredit.settings)
         accelerated.optimizer = wrapper
-        entry = Wrapped(accelerated, wrapper, optimizer, self.dcredit.prepared_optimizers)
+        entry = Wrapped(accelerated, wrapper, self.dcredit.prepared_optimizers)
         self.dcredit.prepared_optimizers += 1
         wrapper.register_step_post_hook(lambda *_: _end_window(entry))
-        wrapper.register_load_state_dict_post_hook(lambda *_: _share_groups(entry))
         self.dcredit.optimizers.append(entry)
         return accelerated
 
@@ -302,12 +303,6 @@ def _end_window(entry: Wrapped) -> None:
     """After ``step()``: the next one waits for its gradients again."""
     entry.synchronized = False
     entry.skip.close()
-
-
-def _share_groups(entry: Wrapped) -> None:
-    """``load_state_dict`` gave the wrapper new parameter groups: the user's optimizer (and a
-    scheduler built on it) must set the rates on those."""
-    entry.inner.param_groups = entry.wrapper.param_groups
 
 
 def _settings(dcredit: Optional[Mapping[str, Any] | SchedulerConfig],
