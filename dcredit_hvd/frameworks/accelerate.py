@@ -183,7 +183,6 @@ class DCreditAccelerator(accelerate.Accelerator):
     def settle(self) -> None:
         """Apply every update the last ``step()`` owes (before reading all weights at once)."""
         for entry in self.dcredit.optimizers:
-            _end_window(entry)
             entry.wrapper.apply_pending_updates()
 
     def wait_for_everyone(self) -> None:
