@@ -175,6 +175,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def full_state_dict(self) -> dict:
         """shard=True: every rank's state in ``torch.optim``'s form (call on every rank)."""
+        self.apply_pending_updates()
         saved = self._dcredit_base.state_dict(self)
         return shards.of(self._state, "full_state_dict").full_state_dict(saved)
 

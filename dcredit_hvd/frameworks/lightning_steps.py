@@ -76,16 +76,43 @@ def grads_read_before_step(kit: LightningKit, module: Any, trainer: Any, plugin:
         or getattr(plugin, "scaler", None) is not None)
 
 
+SHARD_CLIP_VALUE = (
+    "dcredit_hvd.lightning: gradient_clip_algorithm='value' with shard=True: each rank holds the "
+    "reduced gradient of its own slices only, so Lightning's clipping of the parameters' "
+    "gradients would clip nothing that is applied. Clip by norm (gradient_clip_algorithm='norm' "
+    "clips by the global norm of every rank's slices), or use shard=False."
+)
+
+
+def sharded(raw: Any) -> bool:
+    """A wrapper in the sharded mode (``shard=True`` on several ranks)."""
+    config = getattr(raw, "scheduler_config", None)
+    return bool(config is not None and config.shard and getattr(raw, "layouts", None))
+
+
+def by_value(algorithm: Any) -> bool:
+    """Lightning's ``gradient_clip_algorithm`` (a string or its enum) is ``"value"``."""
+    return str(getattr(algorithm, "value", algorithm)).lower() == "value"
+
+
 def intercept_clipping(kit: LightningKit, plugin: Any) -> Callable[..., None]:
     """``clip_gradients`` (automatic clipping, and ``self.clip_gradients`` in manual
-    optimization) sees reduced gradients: the optimizer is synchronized first.  Set on the
-    plugin instance (its public method), removed at teardown."""
+    optimization) sees reduced gradients: the optimizer is synchronized first.  With
+    ``shard=True`` clipping by norm is the wrapper's (the global norm of every rank's slices,
+    what the unsharded run clips by).  Set on the plugin instance (its public method),
+    removed at teardown."""
     original = type(plugin).clip_gradients.__get__(plugin)
 
     def clip_gradients(optimizer: Optimizer, clip_val: Union[int, float] = 0.0,
                        gradient_clip_algorithm: Any = None) -> None:
+        raw = kit.raw(optimizer)
         if clip_val and clip_val > 0:
-            reduce_now(kit.raw(optimizer))
+            reduce_now(raw)
+            if sharded(raw):
+                if by_value(gradient_clip_algorithm):
+                    raise ValueError(SHARD_CLIP_VALUE)
+                raw.clip_grad_norm_(float(clip_val))
+                return None
         if gradient_clip_algorithm is None:
             return original(optimizer, clip_val)
         return original(optimizer, clip_val, gradient_clip_algorithm)

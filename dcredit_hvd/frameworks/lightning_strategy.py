@@ -26,8 +26,10 @@ import dcredit_hvd
 
 from . import horovod_env
 from .lightning_steps import (
+    SHARD_CLIP_VALUE,
     SYNCED,
     LightningKit,
+    by_value,
     closure_first,
     communication_error,
     grads_read_before_step,
@@ -35,6 +37,7 @@ from .lightning_steps import (
     peer_lost,
     reduce_now,
     repoint,
+    sharded,
     torch_broadcast,
     unique_tensors,
 )
@@ -185,10 +188,22 @@ class DCreditStrategyBody:
             optimizer, named_parameters=list(module.named_parameters()),
             backward_passes_per_step=passes or 1,
             model=module if self.model_overlap else None, **settings)
+        if (settings.get("shard") and trainer.gradient_clip_val
+                and by_value(trainer.gradient_clip_algorithm)):
+            raise ValueError(SHARD_CLIP_VALUE)
         if optimizer.state:                    # the user loaded a state into it already
             wrapper.load_state_dict(optimizer.state_dict())
         closure_first(wrapper)
         return wrapper
+
+    def optimizer_state(self, optimizer: Optimizer) -> dict:
+        """What a checkpoint saves: with ``shard=True`` the full state (every rank's slices,
+        collected on every rank: Lightning dumps a checkpoint on all of them), loadable by a
+        plain torch optimizer; ``load_state_dict`` takes it back into the slices."""
+        raw = self.kit.raw(optimizer)
+        if sharded(raw):
+            return raw.full_state_dict()
+        return super().optimizer_state(optimizer)                   # type: ignore[misc]
 
     # -- the step ----------------------------------------------------------------------------
     def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any],

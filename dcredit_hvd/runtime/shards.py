@@ -287,6 +287,30 @@ class ShardedUpdate:
                 entry[k] = first.detach().clone() if torch.is_tensor(first) else first
         return SliceState(entry, [(pc.start, pc.stop) for pc in pieces])
 
+    def set_parameter_state(self, p: torch.Tensor, value: Mapping[str, Any]) -> None:
+        """``opt.state[p] = value`` with ``value`` holding ``p``'s keys in the view's shapes
+        (what device moves write back, e.g. Lightning's teardown): each value goes into the
+        pieces, as an in-place change would."""
+        current = self.parameter_state(p)
+        if current is None or not isinstance(value, Mapping) or set(value) != set(current):
+            raise TypeError(READ_ONLY.format(what="an entry can be replaced only by one with "
+                                             "the same keys, in the shapes opt.state[p] shows"))
+        index = self._position[p]
+        pieces = [pc for pc in self._of_param.get(index, []) if self.inner.state.get(pc.tensor)]
+        for key, new in value.items():
+            old = current[key]
+            if torch.is_tensor(old) and torch.is_tensor(new) and old.shape != new.shape:
+                raise TypeError(READ_ONLY.format(what=f"{key!r} has shape {tuple(old.shape)} "
+                                                 f"here, not {tuple(new.shape)}"))
+            if torch.is_tensor(old) and old.numel() == sum(pc.stop - pc.start for pc in pieces) \
+                    and old.dim() == 1 and old.numel() != 1:
+                old.copy_(new)                         # live: the pieces' own elements
+            else:                                      # per-parameter: each piece's copy
+                for pc in pieces:
+                    state = self.inner.state[pc.tensor]
+                    state[key] = new.detach().clone().to(state[key].device) \
+                        if torch.is_tensor(new) and torch.is_tensor(state[key]) else new
+
     def _contiguous(self, pieces: list[Piece], key: str) -> torch.Tensor:
         """One tensor whose elements *are* the pieces' ``key`` state, in the pieces' order.
 
@@ -348,8 +372,11 @@ class ShardedUpdate:
             pc = by_tensor[t]
             src = full["state"].get(pc.index, full["state"].get(str(pc.index)))
             if src:
+                # Each piece its own copy of a per-parameter value too: Adam's ``step`` is a
+                # tensor it increments in place, once per piece (shared, it would count k-fold).
                 state[i] = {k: v.reshape(-1)[pc.start:pc.stop].clone()
-                            if _per_element(v, pc.param.numel(), flat=False) else v
+                            if _per_element(v, pc.param.numel(), flat=False)
+                            else (v.clone() if torch.is_tensor(v) else v)
                             for k, v in src.items()}
         loaded["state"] = state
         self.inner.load_state_dict(loaded)
@@ -371,8 +398,11 @@ class SliceState(Mapping):
     uses.  A per-parameter value (Adam's ``step``) is a copy, since each slice keeps its own.
     Keys cannot be set or deleted (each piece's state would have to be cut from the new value)."""
 
-    def __init__(self, entry: dict[str, Any], ranges: list[tuple[int, int]]) -> None:
-        self._entry = entry
+    def __init__(self, entry: Mapping[str, Any], ranges: Optional[list[tuple[int, int]]] = None
+                 ) -> None:
+        # Built from a plain mapping (``type(v)(mapping)``, as collection utilities rebuild a
+        # mapping), it is a detached copy: ``ranges`` None.
+        self._entry = dict(entry)
         self.ranges = ranges          # [start, stop) of the parameter's flat view, in order
 
     def __getitem__(self, key: str) -> Any:
@@ -398,9 +428,10 @@ class StateView(Mapping):
     """``optimizer.state`` under ``shard=True``: the parameters this rank keeps state for, each
     mapped to its ``SliceState``, so that ``for p in opt.state`` and ``opt.state[p][key]`` work
     as on torch's ``defaultdict`` (a parameter without state here reads as an empty mapping).
-    Read-only as a mapping; empty before the first ``step()``, as torch's is (Adagrad's too,
-    whose torch state exists from construction), and without the parameters that require no
-    gradient (they are not sharded; torch's Adagrad keeps a never-used state for them)."""
+    An entry can be replaced only by one with the same keys and shapes (written into the
+    pieces: device moves do that), not deleted; empty before the first ``step()``, as torch's
+    is (Adagrad's too, whose torch state exists from construction), and without the parameters
+    that require no gradient (they are not sharded; torch's Adagrad keeps a never-used state for them)."""
 
     def __init__(self, sharded: ShardedUpdate) -> None:
         self._sharded = sharded
@@ -430,7 +461,9 @@ class StateView(Mapping):
         return len(self._params())
 
     def __setitem__(self, p: Any, value: Any) -> None:
-        raise TypeError(READ_ONLY.format(what="cannot set a parameter's entry"))
+        if not torch.is_tensor(p):
+            raise TypeError(READ_ONLY.format(what="cannot set a parameter's entry"))
+        self._sharded.set_parameter_state(p, value)
 
     def __delitem__(self, p: Any) -> None:
         raise TypeError(READ_ONLY.format(what="cannot delete a parameter's entry"))

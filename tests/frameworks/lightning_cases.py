@@ -468,6 +468,52 @@ def resume_second_half() -> None:
     case("resume-new-launch", run)
 
 
+def sharded_resume() -> None:
+    """``shard=True`` (AdamW, an LR scheduler; clipping is ``shard-clip-norm``'s, with SGD: the
+    CNN's conv biases before batch norm have gradients of rounding noise, which AdamW turns into
+    full steps, so a one-ulp clipping difference shows): an 8-step fit whose
+    ``ModelCheckpoint`` wrote step 4, then a new ``Trainer`` resumed from that file; both end on
+    DDP's weights, and the file holds the full optimizer state (every parameter's, torch's
+    form), so a plain ``torch.optim.AdamW`` loads it."""
+    ckpt_dir = OUT / "checkpoints-shard"
+
+    def module() -> pl.LightningModule:
+        return Module("cnn", "adamw", scheduler=True)
+
+    def strategy() -> DCreditStrategy:
+        return dcredit(shard=True)
+
+    clip: dict = {}
+    refs: list[tuple[dict, dict]] = []
+
+    def uninterrupted() -> dict:
+        refs.append(fit(module, "ddp", steps=RESUME_STEPS, batches=4, **clip))
+        ref = refs[0]
+        checkpoint = ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=RESUME_AT,
+                                     save_top_k=-1, filename="{step}")
+        state, logged = fit(module, strategy(), steps=RESUME_STEPS, batches=4,
+                            callbacks=(checkpoint,), enable_checkpointing=True, **clip)
+        result = compare(state, ref[0], logged, ref[1])
+        saved = torch.load(ckpt_dir / f"step={RESUME_AT}.ckpt", weights_only=False)
+        opt_state = saved["optimizer_states"][0]
+        plain = torch.optim.AdamW(module().parameters())
+        plain.load_state_dict(opt_state)
+        result["full_state"] = (len(opt_state["state"]) == len(list(module().parameters()))
+                                and "dcredit_shard" not in opt_state)
+        return result
+    case("shard-resume-uninterrupted", uninterrupted)
+
+    def resumed() -> dict:
+        state, logged = fit(module, strategy(), steps=RESUME_STEPS, batches=4,
+                            ckpt_path=str(ckpt_dir / f"step={RESUME_AT}.ckpt"),
+                            enable_checkpointing=False, **clip)
+        ref = refs[0]
+        tail = {k: v[-len(logged.get(k, [])):] if logged.get(k) else v
+                for k, v in ref[1].items()}
+        return compare(state, ref[0], logged, tail)
+    case("shard-resume-new-trainer", resumed)
+
+
 def dead_worker() -> None:
     """Rank 1 dies at step 3 of a long fit; rank 0 must end with ``PeerLostError``."""
     pid_dir = Path(os.environ["FAILURE_PID_DIR"])
@@ -500,6 +546,9 @@ def main() -> None:
     elif GROUP == "unified":
         parity_matrix(models=(("cnn", "sgd"), ("gpt2", "adamw")))
         features(names=("accumulate", "clip-norm", "gan"))
+        features(lambda **kw: dcredit("dcredit", True, shard=True, **kw),
+                 names=("accumulate", "clip-norm"), prefix="shard-")
+        sharded_resume()
         RESULTS["packages"] = sorted({m.split(".")[0] for m in sys.modules
                                       if "lightning" in m.split(".")[0]})
         RESULTS["registered"] = pl.strategies.StrategyRegistry["dcredit"]["strategy"].__module__

@@ -69,7 +69,8 @@ FEATURES = ["accumulate", "clip-norm", "clip-value", "bf16", "validation", "lr-s
             "manual-accumulate"]
 UNIFIED = [f"{model}-{policy}-{mode}" for model in ("cnn", "gpt2")
            for policy in ("dcredit", "bytescheduler", "wfbp") for mode in ("overlap", "sync")] + [
-    "accumulate", "clip-norm", "gan"]
+    "accumulate", "clip-norm", "gan", "shard-accumulate", "shard-clip-norm",
+    "shard-resume-uninterrupted", "shard-resume-new-trainer"]
 HOROVOD = ["horovod-accumulate", "horovod-clip-norm", "horovod-validation",
            "horovod-lr-scheduler", "horovod-gan", "horovod-sync-clip-norm"]
 REFUSALS = {
@@ -229,6 +230,12 @@ def test_under_the_unified_lightning_package_the_strategy_matches_its_ddp(
     """``lightning.pytorch.Trainer`` with ``DCreditStrategy`` from ``dcredit_hvd.frameworks.lightning``
     ends on ``lightning``'s own ``strategy="ddp"`` weights and logs."""
     _assert_parity(unified_job.case(case), case)
+
+
+def test_a_sharded_checkpoint_holds_the_full_optimizer_state(unified_job: Job) -> None:
+    """``shard=True`` through Lightning: ``ModelCheckpoint``'s file has every parameter's
+    AdamW state in torch's form (a plain ``torch.optim.AdamW`` loaded it)."""
+    assert all(r["full_state"] for r in unified_job.case("shard-resume-uninterrupted"))
 
 
 def test_the_unified_package_registers_its_own_strategy_and_never_meets_pytorch_lightning(

@@ -136,7 +136,9 @@ def check_one_block_concatenates(opt: Any, plain_state: list[dict], size: int,
 
 
 def check_live_and_read_only(opt: Any) -> list[str]:
-    """An in-place change through the view reaches the pieces' state; assignment is refused."""
+    """An in-place change through the view reaches the pieces' state, and so does replacing an
+    entry by one with the same keys and shapes (what device moves such as Lightning's teardown
+    write back); any other assignment is refused."""
     problems = []
     p = next(iter(opt.state))
     entry = opt.state[p]
@@ -146,6 +148,13 @@ def check_live_and_read_only(opt: Any) -> list[str]:
     if not torch.allclose(opt.state[p][key], before + 1.0):
         problems.append(f"an in-place add_ on state[p][{key!r}] was not kept")
     entry[key].sub_(1.0)
+    opt.state[p] = {k: v.detach().clone() + 2.0 if torch.is_tensor(v) and v.dim() > 0 else v
+                    for k, v in entry.items()}
+    if not torch.allclose(opt.state[p][key], before + 2.0):
+        problems.append("replacing state[p] with the same keys and shapes was not kept")
+    opt.state[p] = {k: before if k == key else v for k, v in opt.state[p].items()}
+    if not torch.equal(opt.state[p][key], before):
+        problems.append("replacing state[p] back did not restore it")
     for what, change in (("set a key", lambda: entry.__setitem__(key, before)),
                          ("set an entry", lambda: opt.state.__setitem__(p, {})),
                          ("delete a key", lambda: entry.__delitem__(key))):

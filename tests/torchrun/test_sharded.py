@@ -138,8 +138,11 @@ def test_the_full_form_equals_the_unsharded_state_and_loads_into_plain_torch():
     opt.close()
 
 
-def test_a_full_form_resumes_a_sharded_run_like_one_that_never_stopped():
-    expected, whole = _sharded("small", SHARDABLE["adam"], steps=6, policy="wfbp")
+@pytest.mark.parametrize("policy", ["wfbp", "bytescheduler"])
+def test_a_full_form_resumes_a_sharded_run_like_one_that_never_stopped(policy):
+    """``bytescheduler`` cuts a parameter into several 500-byte blocks, so a rank holds several
+    pieces of it: each must get its own copy of Adam's ``step`` (shared, it counted k-fold)."""
+    expected, whole = _sharded("small", SHARDABLE["adam"], steps=6, policy=policy)
     whole.close()
     data = batches(6, rank=rank())
 
@@ -153,7 +156,7 @@ def test_a_full_form_resumes_a_sharded_run_like_one_that_never_stopped():
     model = make_model(rank=rank())
     opt = dcredit_hvd.DistributedOptimizer(SHARDABLE["adam"](model.parameters()),
                                            named_parameters=model.named_parameters(),
-                                           shard=True, policy="wfbp", **UNEVEN)
+                                           shard=True, policy=policy, **UNEVEN)
     run(model, opt, data[:3])
     saved_model = {k: v.clone() for k, v in model.state_dict().items()}
     full = opt.full_state_dict()
@@ -162,7 +165,7 @@ def test_a_full_form_resumes_a_sharded_run_like_one_that_never_stopped():
     model.load_state_dict(saved_model)
     opt = dcredit_hvd.DistributedOptimizer(SHARDABLE["adam"](model.parameters()),
                                            named_parameters=model.named_parameters(),
-                                           shard=True, policy="wfbp", **UNEVEN)
+                                           shard=True, policy=policy, **UNEVEN)
     opt.load_state_dict(full)
     run(model, opt, data[3:])
     got = [v.detach().clone() for v in model.state_dict().values()]
