@@ -5,6 +5,7 @@
                                                 # resume runs save_state at step 2 of 4
     python accelerate_cases.py OUT_DIR second   # a NEW job: load_state those checkpoints and
                                                 # continue, then the parity cases again
+    python accelerate_cases.py OUT_DIR bf16     # a few parity cases under bf16 autocast
     python accelerate_cases.py OUT_DIR refuse NAME,...   # one process: refused setups
 
 Each case runs the same plain Accelerate loop (``accumulate``, ``backward``, ``clip_grad_norm_``
@@ -33,6 +34,8 @@ from accelerate import Accelerator
 from torch.utils.data import DataLoader, Dataset
 
 VOCAB, SEQ, BATCH = 64, 12, 4
+#: The ``bf16`` phase's autocast; Accelerate fixes it for the whole process.
+MIXED = "bf16" if len(sys.argv) > 2 and sys.argv[2] == "bf16" else "no"
 RTOL, ATOL = 1e-5, 1e-6
 #: Small blocks (several per tensor); ``dcredit``'s plan installed after 3 steps.
 SCHED = {"partition_bytes": 4096, "credit_bytes": 16384, "profile_warmup": 1,
@@ -104,10 +107,12 @@ class Run:
 def train(run: Run, out: Path, resume: Optional[Path] = None) -> dict:
     """Run the loop; returns this rank's final weights, losses, clip norms, learning rates."""
     if run.policy is None:
-        acc: Accelerator = Accelerator(gradient_accumulation_steps=run.accum, cpu=True)
+        acc: Accelerator = Accelerator(gradient_accumulation_steps=run.accum, cpu=True,
+                                       mixed_precision=MIXED)
     else:
         from dcredit_hvd.frameworks.accelerate import DCreditAccelerator
         acc = DCreditAccelerator(gradient_accumulation_steps=run.accum, cpu=True,
+                                 mixed_precision=MIXED,
                                  dcredit_policy=run.policy,
                                  dcredit={**SCHED, "shard": run.shard,
                                           "partition_bytes": run.partition_bytes})
@@ -274,6 +279,24 @@ def phase_first(out: Path) -> dict:
     return results
 
 
+#: bf16 autocast: the parameters, gradients and their reduction stay float32.
+BF16 = {"plain-dcredit": (Run("dcredit"), Run()),
+        "accumulate-clip-bytescheduler": (Run("bytescheduler", **CLIP), Run(**CLIP)),
+        "shard-adam-dcredit": (Run("dcredit", shard=True, adam=True, accum=2),
+                               Run(adam=True, accum=2))}
+
+
+def phase_bf16(out: Path) -> dict:
+    """A few parity cases under bf16 autocast (both accelerators)."""
+    results = {}
+    for name, (mine, ref) in BF16.items():
+        try:
+            results[name] = compare(train(mine, out / name), train(ref, out / "ref"))
+        except Exception:
+            results[name] = {"error": traceback.format_exc()}
+    return results
+
+
 def phase_second(out: Path) -> dict:
     """A new job: each checkpoint loaded and trained on; then parity again."""
     results = {}
@@ -318,13 +341,14 @@ if __name__ == "__main__":
         for name in sys.argv[3].split(","):
             (OUT / f"refuse-{name}.json").write_text(json.dumps(refuse(name)))
         sys.exit(0)
-    setup = Accelerator(cpu=True)                  # initialises the process group
+    setup = Accelerator(cpu=True, mixed_precision=MIXED)    # initialises the process group
     begun = time.time()
-    found = phase_first(OUT) if PHASE == "first" else phase_second(OUT)
+    found = {"first": phase_first, "second": phase_second, "bf16": phase_bf16}[PHASE](OUT)
     launcher = "accelerate" if "ACCELERATE_USE_CPU" in os.environ else "torchrun"
     (OUT / f"{PHASE}.rank{dist.get_rank()}.json").write_text(json.dumps(
         {"cases": found, "seconds": time.time() - begun, "launcher": launcher,
          "distributed_type": str(setup.distributed_type),
-         "world": dist.get_world_size()}, indent=1))
+         "world": dist.get_world_size(), "mixed_precision": str(setup.mixed_precision)},
+        indent=1))
     dist.barrier()
     dist.destroy_process_group()

@@ -15,6 +15,9 @@ fixtures), and each test reads the per-rank JSON the jobs wrote:
   mpirun): a NEW job ``load_state``s those checkpoints, trains steps 3-4, and must end where the
   runs that never stopped ended; then the parity cases again under this launcher.
 
+* ``bf16``: ``torchrun`` again, a few parity cases under bf16 autocast (Accelerate fixes the
+  mixed precision per process).
+
 Construction refusals run in single processes (``accelerate_cases.py refuse``).
 """
 from __future__ import annotations
@@ -41,6 +44,7 @@ PARITY = [f"{kind}-{policy}" for kind in ("plain", "accumulate", "clip")
               "adam-scheduler-overlap-dcredit", "batchnorm-accumulate-dcredit", "clip-noaccum-dcredit",
               "shard-clip-dcredit"]
 RESUMED = ["resume-dcredit", "resume-shard-bytescheduler"]
+BF16 = ["plain-dcredit", "accumulate-clip-bytescheduler", "shard-adam-dcredit"]
 LAUNCHERS = ("torchrun", "accelerate")
 REFUSED = {
     "fp16": ("ValueError", "does not support fp16 loss scaling"),
@@ -99,6 +103,13 @@ def second_job(first_job: list[dict], jobs_dir: Path) -> list[dict]:
         str(BIN / "accelerate"), "launch", "--cpu", "--num_processes", "2", "--num_machines",
         "1", "--mpirun_hostfile", str(hostfile), "--mixed_precision", "no",
         "--dynamo_backend", "no"])
+
+
+@pytest.fixture(scope="module")
+def bf16_job(second_job: list[dict], jobs_dir: Path) -> list[dict]:
+    """Accelerate fixes the mixed precision per process: a third, short torchrun job."""
+    return _job(jobs_dir, "bf16", [str(BIN / "torchrun"), "--standalone",
+                                   "--nproc-per-node", "2"])
 
 
 @pytest.fixture(scope="module")
@@ -162,6 +173,21 @@ def test_dcredit_accelerator_matches_accelerator_on_ddp(jobs: dict[str, list[dic
         assert case["model"] in ("GPT2LMHeadModel", "BatchNormTokens") and case["distributed"]
         if "-dcredit" in name:
             assert case["plan"], "dcredit never installed its plan"
+
+
+@pytest.mark.parametrize("name", BF16)
+def test_bf16_autocast_matches_accelerator_on_ddp(bf16_job: list[dict], name: str) -> None:
+    """``mixed_precision="bf16"``: the model is prepared with Accelerate's autocast and no DDP;
+    weights, losses and clip norms agree with the DDP run on every rank."""
+    for job in bf16_job:
+        assert job["mixed_precision"] == "bf16"
+        case = job["cases"][name]
+        assert "error" not in case, case.get("error")
+        ref = case["reference"]
+        print(f"ACCELERATE BF16 {name}: max |w - w_ddp| = {case['max_abs']:.3g}")
+        assert case["within_tolerance"], f"weights off by {case['max_abs']:.3g}"
+        assert _close(case["losses"], ref["losses"]) and _close(case["norms"], ref["norms"])
+        assert case["model"] != ref["model"] == "DistributedDataParallel"
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
