@@ -42,6 +42,7 @@ from transformers import Trainer, TrainerCallback
 import dcredit_hvd
 from dcredit_hvd.config import SchedulerConfig
 
+from .hf_shards import FullOptimizerState, clip_by_global_norm
 from .versions import require
 
 require("transformers", transformers.__version__)
@@ -84,6 +85,7 @@ class DCreditTrainer(Trainer):
         self._dcredit_window_open = False
         super().__init__(*args, **kwargs)
         self.add_callback(_StepBoundary(self))
+        self.add_callback(FullOptimizerState(lambda: self._dcredit_opt))
         if self._dcredit_active():
             self._dcredit_refuse_unsupported()
 
@@ -145,6 +147,7 @@ class DCreditTrainer(Trainer):
             self._dcredit_window_open = False
             if not self._dcredit_overlap:
                 opt.synchronize()
+                clip_by_global_norm(opt, self.args.max_grad_norm)     # shard=True only
                 self._dcredit_skip.close()
                 self._dcredit_skip.enter_context(opt.skip_synchronize())
         return loss
@@ -210,6 +213,10 @@ class DCreditTrainer(Trainer):
                 raise ValueError(f"dcredit_hvd.hf: DCreditTrainer does not support {what}: "
                                  "it replaces DDP, and that setup reduces gradients (or wraps "
                                  "the model) its own way; use transformers.Trainer for it")
+        if self._dcredit_settings.get("shard") and args.fp16 and args.max_grad_norm:
+            raise ValueError("dcredit_hvd.hf: shard=True with fp16 and max_grad_norm > 0: the "
+                             "loss scaler unscales the gradients after DCreditTrainer clips "
+                             "them by the global norm; use bf16, or max_grad_norm=0")
         if self._dcredit_overlap:
             if args.max_grad_norm and args.max_grad_norm > 0:
                 raise ValueError(

@@ -242,6 +242,13 @@ def main_cases() -> dict[str, tuple[Run, Run]]:
     cases["gpt2-bf16-overlap"] = (
         Run("gpt2", {"bf16": True, **NOCLIP}, {"policy": "bytescheduler", "overlap": True}),
         Run("gpt2", {"bf16": True, **NOCLIP}))
+    # shard=True: clipping by the global norm (SGD: AdamW turns the rounding noise of a zero
+    # gradient into full steps, test_sharded.py), and AdamW without clipping.
+    cases["cnn-shard-clip"] = (
+        Run("cnn", CLIP, {"policy": "bytescheduler", "shard": True}, user_optimizer=True),
+        Run("cnn", CLIP, user_optimizer=True))
+    cases["gpt2-shard-dcredit"] = (Run("gpt2", NOCLIP, {"policy": "dcredit", "shard": True}),
+                                   Run("gpt2", NOCLIP))
     cases["bert-user-optimizer-steplr"] = (
         Run("bert", {}, {"policy": "wfbp"}, user_optimizer=True),
         Run("bert", {}, user_optimizer=True))
@@ -254,6 +261,9 @@ RESUMED = {
                                                save_steps=4), {"policy": "dcredit"}, samples=40),
     "resume-overlap": Run("bert", dict(NOCLIP, max_steps=8, save_strategy="steps", save_steps=4),
                           {"policy": "bytescheduler", "overlap": True}),
+    # shard=True: the checkpoint holds the full AdamW state (several blocks per parameter)
+    "resume-shard": Run("gpt2", dict(NOCLIP, max_steps=8, save_strategy="steps", save_steps=4),
+                        {"policy": "bytescheduler", "shard": True}),
 }
 
 

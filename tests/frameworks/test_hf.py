@@ -44,8 +44,9 @@ POLICIES = ("dcredit", "bytescheduler", "wfbp")
 PARITY = ([f"{m}-{p}{o}" for m in ("gpt2", "bert") for p in POLICIES for o in ("", "-overlap")]
           + ["gpt2-wfbp-nomodel", "cnn-dcredit", "cnn-wfbp-overlap", "gpt2-clip",
              "gpt2-accum-clip-eval-cosine-dcredit", "gpt2-accum-clip-eval-cosine-wfbp",
-             "gpt2-bf16", "gpt2-bf16-overlap", "bert-user-optimizer-steplr"])
-RESUMED = ["resume-accum-clip-eval", "resume-overlap"]
+             "gpt2-bf16", "gpt2-bf16-overlap", "bert-user-optimizer-steplr", "cnn-shard-clip",
+             "gpt2-shard-dcredit"])
+RESUMED = ["resume-accum-clip-eval", "resume-overlap", "resume-shard"]
 REFUSED = {
     "overlap-with-clipping": ("ValueError", "needs max_grad_norm=0"),
     "torch-compile": ("ValueError", "does not support torch_compile"),
@@ -130,6 +131,8 @@ def test_dcredit_trainer_matches_trainer_on_ddp(main_job: dict, name: str) -> No
     grad_norm, ref_grad_norm = case["series"]["grad_norm"]
     if name.endswith("-overlap"):
         assert case["wrapped"] == "_UpdatesInFlight" and grad_norm == []
+    elif "-shard" in name:
+        pass      # the logged grad_norm is this rank's part (docs/frameworks-hf.md)
     else:
         assert _close(grad_norm, ref_grad_norm), f"grad norms differ: {grad_norm} vs {ref_grad_norm}"
     if "dcredit" in name.split("-")[1:2]:
