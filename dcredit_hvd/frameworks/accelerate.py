@@ -24,7 +24,6 @@ Only public ``Accelerator`` methods are overridden (``docs/frameworks-accelerate
 """
 from __future__ import annotations
 
-import inspect
 import os
 from collections.abc import Iterable, Mapping
 from contextlib import ExitStack
@@ -35,22 +34,17 @@ import accelerate
 import torch
 import torch.distributed as dist
 from accelerate.optimizer import AcceleratedOptimizer
-from accelerate.utils import OPTIMIZER_NAME, DistributedType, DynamoBackend, save
+from accelerate.utils import OPTIMIZER_NAME, save
 from torch import nn
 
 import dcredit_hvd
 from dcredit_hvd.config import SchedulerConfig
 
+from .accelerate_setup import check as _check
+from .accelerate_setup import settings as _settings
 from .versions import require
 
 require("accelerate", accelerate.__version__)
-
-#: ``DistributedOptimizer`` keywords the accelerator sets itself.
-_OWN = ("named_parameters", "model", "backward_passes_per_step")
-#: Launchers' world sizes without torch.distributed (horovodrun, mpirun).
-_WORLD_VARIABLES = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
-_REFUSED_TYPES = {DistributedType.DEEPSPEED: "DeepSpeed", DistributedType.FSDP: "FSDP",
-                  DistributedType.MEGATRON_LM: "Megatron-LM", DistributedType.XLA: "XLA (TPU)"}
 
 
 @dataclass
@@ -231,34 +225,6 @@ class DCreditAccelerator(accelerate.Accelerator):
                     entry.accelerated.load_state_dict(torch.load(own, weights_only=False))
 
 
-def _check(acc: DCreditAccelerator) -> bool:
-    """Several torch.distributed processes (one trains as the plain Accelerator); a clear
-    error for setups that reduce gradients or wrap the model their own way."""
-    where = "dcredit_hvd.frameworks.accelerate: DCreditAccelerator"
-    refused = _REFUSED_TYPES.get(acc.distributed_type)
-    if refused is not None:
-        raise ValueError(f"{where} does not support {refused}: that setup reduces gradients "
-                         "(or wraps the model) its own way; use accelerate.Accelerator for it")
-    if acc.parallelism_config is not None:
-        raise ValueError(f"{where} does not support parallelism_config (tensor/context "
-                         "parallelism); use accelerate.Accelerator for it")
-    if acc.mixed_precision == "fp16" or acc.scaler is not None:
-        raise ValueError(f"{where} does not support fp16 loss scaling (the scaler reads and "
-                         "unscales gradients before they are reduced); use bf16")
-    if acc.mixed_precision == "fp8":
-        raise ValueError(f"{where} does not support fp8 training; use bf16")
-    if acc.state.dynamo_plugin.backend != DynamoBackend.NO:
-        raise ValueError(f"{where} does not support dynamo_backend (torch.compile): the "
-                         "scheduler's hooks need the eager model; use dynamo_backend='no'")
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size() > 1
-    launched = max(int(os.environ.get(name, "1") or 1) for name in _WORLD_VARIABLES)
-    if launched > 1 or acc.num_processes > 1:
-        raise RuntimeError(f"{where}: {launched} processes but torch.distributed is not "
-                           "initialised; launch with torchrun or accelerate launch "
-                           "(horovodrun is not supported: Accelerate has no Horovod backend)")
-    return False
-
 
 def _model_of(acc: DCreditAccelerator, optimizer: torch.optim.Optimizer) -> nn.Module:
     """The prepared model holding the optimizer's parameters (prepared now if pending)."""
@@ -304,39 +270,6 @@ def _end_window(entry: Wrapped) -> None:
     entry.skip.close()
 
 
-def _settings(dcredit: Optional[Mapping[str, Any] | SchedulerConfig],
-              policy: Optional[str]) -> dict[str, Any]:
-    """``DistributedOptimizer`` keywords from ``dcredit=`` and ``dcredit_policy=``, checked now
-    rather than at ``prepare``; the transport is Accelerate's torch.distributed group."""
-    known = [n for n in inspect.signature(dcredit_hvd.DistributedOptimizer).parameters
-             if n not in _OWN and n != "optimizer"]
-    if dcredit is None:
-        settings: dict[str, Any] = {}
-    elif isinstance(dcredit, SchedulerConfig):
-        settings = {n: getattr(dcredit, n) for n in known if hasattr(dcredit, n)}
-    elif isinstance(dcredit, Mapping):
-        settings = dict(dcredit)
-    else:
-        raise TypeError("dcredit_hvd.frameworks.accelerate: dcredit= takes a mapping of "
-                        "DistributedOptimizer keywords or a SchedulerConfig, got "
-                        f"{type(dcredit).__name__}")
-    own = sorted(set(settings) & set(_OWN))
-    if own:
-        raise ValueError(f"dcredit_hvd.frameworks.accelerate: dcredit= cannot set "
-                         f"{', '.join(own)}: the accelerator sets them (the prepared model, "
-                         "gradient_accumulation_steps)")
-    unknown = sorted(set(settings) - set(known))
-    if unknown:
-        raise TypeError(f"dcredit_hvd.frameworks.accelerate: unknown dcredit= keyword(s) "
-                        f"{', '.join(unknown)}; known: {', '.join(known)}")
-    if policy is not None:
-        settings["policy"] = policy
-    settings.setdefault("transport", "torch.distributed")
-    if settings["transport"] not in (None, "torch.distributed"):
-        raise ValueError("dcredit_hvd.frameworks.accelerate: DCreditAccelerator reduces over "
-                         "Accelerate's torch.distributed group; transport must be "
-                         "'torch.distributed' (Accelerate has no Horovod backend)")
-    return settings
 
 
 def broadcast_from_rank0(model: nn.Module, parameters: bool = True) -> None:

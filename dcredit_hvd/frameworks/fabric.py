@@ -14,9 +14,6 @@ or written (``docs/frameworks-fabric.md``).
 """
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from datetime import timedelta
 from typing import Any, Optional, Union
 
@@ -24,7 +21,6 @@ import lightning
 import torch
 import torch.distributed as dist
 from lightning.fabric.strategies import STRATEGY_REGISTRY, ParallelStrategy
-from lightning.fabric.utilities.rank_zero import rank_zero_only
 from torch import Tensor
 from torch.nn import Module
 from torch.optim import Optimizer
@@ -32,6 +28,7 @@ from torch.optim import Optimizer
 import dcredit_hvd
 from dcredit_hvd.runtime.gradients import TOO_MANY_PASSES
 
+from .fabric_launch import ScriptLauncher, init_processes
 from .lightning_steps import torch_broadcast, unique_tensors
 from .lightning_strategy import NAME, PASSED
 from .versions import require
@@ -124,21 +121,7 @@ class DCreditFabricStrategy(ParallelStrategy):
     def setup_environment(self) -> None:
         """The device, the ranks and the default torch.distributed group, as DDP's."""
         super().setup_environment()
-        env = self.cluster_environment
-        assert env is not None
-        if self.num_processes > 1 and not env.creates_processes_externally:
-            raise RuntimeError("strategy='dcredit' with several devices needs its processes: "
-                               "call fabric.launch() or launch with torchrun")
-        env.set_global_rank(self.node_rank * self.num_processes + self.local_rank)
-        if env.world_size() < self.num_processes:
-            env.set_world_size(self.num_processes)
-        rank_zero_only.rank = self.global_rank       # type: ignore[attr-defined]
-        if not dist.is_initialized():
-            os.environ.setdefault("MASTER_ADDR", env.main_address)
-            os.environ.setdefault("MASTER_PORT", str(env.main_port))
-            backend = self.backend or ("nccl" if self.root_device.type == "cuda" else "gloo")
-            dist.init_process_group(backend, rank=self.global_rank, world_size=self.world_size,
-                                    timeout=self.timeout)
+        init_processes(self)
 
     def module_to_device(self, module: Module) -> None:
         module.to(self.root_device)
@@ -305,28 +288,6 @@ class DCreditFabricStrategy(ParallelStrategy):
             strategy_registry.register(NAME, cls, description=DESCRIPTION)
 
 
-class ScriptLauncher:
-    """Ranks 1..N-1 as new processes running this command line with torchrun's variables
-    (``LOCAL_RANK``, ``RANK``, ``WORLD_SIZE``, ``MASTER_*``), as Lightning's DDP launcher does;
-    this process is rank 0."""
-
-    is_interactive_compatible = False
-
-    def __init__(self, environment: Any, processes: int) -> None:
-        self.environment, self.processes = environment, processes
-
-    def launch(self, function: Any, *args: Any, **kwargs: Any) -> Any:
-        spec = getattr(sys.modules["__main__"], "__spec__", None)
-        command = ([sys.executable, "-m", spec.name] if spec is not None
-                   else [sys.executable, os.path.abspath(sys.argv[0])]) + sys.argv[1:]
-        os.environ.update(MASTER_ADDR=self.environment.main_address, NODE_RANK="0",
-                          MASTER_PORT=str(self.environment.main_port),
-                          WORLD_SIZE=str(self.processes))
-        for rank in range(1, self.processes):
-            subprocess.Popen(command, env={**os.environ, "LOCAL_RANK": str(rank),
-                                           "RANK": str(rank)})
-        os.environ.update(LOCAL_RANK="0", RANK="0")
-        return function(*args, **kwargs)
 
 
 DCreditFabricStrategy.register_strategies(STRATEGY_REGISTRY)

@@ -26,8 +26,6 @@ all through the Trainer's own extension points (``docs/frameworks-hf.md``):
 """
 from __future__ import annotations
 
-import inspect
-import os
 from collections.abc import Mapping
 from contextlib import ExitStack
 from typing import Any, Optional
@@ -42,18 +40,13 @@ from transformers import Trainer, TrainerCallback
 import dcredit_hvd
 from dcredit_hvd.config import SchedulerConfig
 
+from .hf_setup import active, refuse_unsupported
+from .hf_setup import settings as _settings
 from .hf_shards import FullOptimizerState, clip_by_global_norm
 from .versions import require
 
 require("transformers", transformers.__version__)
 require("accelerate", accelerate.__version__)
-
-#: ``DistributedOptimizer`` keywords a ``dcredit=`` mapping may set (the Trainer sets the rest).
-_OWN = ("named_parameters", "model", "backward_passes_per_step")
-#: Launchers' world sizes: several processes without torch.distributed (horovodrun, mpirun).
-_WORLD_VARIABLES = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
-_KEYWORDS = tuple(name for name in inspect.signature(dcredit_hvd.DistributedOptimizer).parameters
-                  if name not in _OWN and name != "optimizer")
 
 
 class DCreditTrainer(Trainer):
@@ -184,57 +177,11 @@ class DCreditTrainer(Trainer):
     # -- what cannot work -------------------------------------------------------------------------
     def _dcredit_active(self) -> bool:
         """Several processes on torch.distributed; one process trains as the plain Trainer."""
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_world_size() > 1
-        launched = max(int(os.environ.get(name, "1") or 1) for name in _WORLD_VARIABLES)
-        if self.args.world_size > 1 or launched > 1:
-            raise RuntimeError(
-                f"dcredit_hvd.hf: {max(launched, self.args.world_size)} processes but "
-                "torch.distributed is not initialised; launch with torchrun or accelerate launch "
-                "(horovodrun is not supported: Accelerate has no Horovod backend)")
-        return False
+        return active(self)
 
     def _dcredit_refuse_unsupported(self) -> None:
-        """Setups where the Trainer or Accelerate would reduce gradients or wrap the model
-        themselves, or where updates cannot overlap: a clear error, never a wrong training."""
-        args = self.args
-        refused = {
-            "DeepSpeed": self.is_deepspeed_enabled,
-            "FSDP": self.is_fsdp_enabled or bool(getattr(args, "fsdp", None)),
-            "torch_compile": bool(getattr(args, "torch_compile", False)),
-            "several GPUs per process (DataParallel)": args.n_gpu > 1,
-            "tensor/context/sequence parallelism (parallelism_config)":
-                getattr(self.accelerator, "parallelism_config", None) is not None,
-            "a model sharded at load time (tp_plan / distributed_config)":
-                bool(getattr(self, "is_distributed_loading_by_transformers", False)),
-        }
-        for what, on in refused.items():
-            if on:
-                raise ValueError(f"dcredit_hvd.hf: DCreditTrainer does not support {what}: "
-                                 "it replaces DDP, and that setup reduces gradients (or wraps "
-                                 "the model) its own way; use transformers.Trainer for it")
-        if self._dcredit_settings.get("shard") and args.fp16 and args.max_grad_norm:
-            raise ValueError("dcredit_hvd.hf: shard=True with fp16 and max_grad_norm > 0: the "
-                             "loss scaler unscales the gradients after DCreditTrainer clips "
-                             "them by the global norm; use bf16, or max_grad_norm=0")
-        if self._dcredit_overlap:
-            if args.max_grad_norm and args.max_grad_norm > 0:
-                raise ValueError(
-                    f"dcredit_hvd.hf: dcredit_overlap=True needs max_grad_norm=0 (got "
-                    f"{args.max_grad_norm}): clipping needs every reduced gradient before any "
-                    "parameter is updated, so updates cannot overlap the next forward pass. "
-                    "Set max_grad_norm=0, or keep dcredit_overlap=False (clipping works; "
-                    "updates at step())")
-            if args.fp16:
-                raise ValueError("dcredit_hvd.hf: dcredit_overlap=True does not work with fp16 "
-                                 "loss scaling (the scaler reads every gradient before step()); "
-                                 "use bf16, or dcredit_overlap=False")
-            missing = [name for name in ("_wrap_model", "_get_grad_norm")
-                       if not callable(getattr(Trainer, name, None))]
-            if missing:
-                raise RuntimeError(f"dcredit_hvd.hf: this transformers version has no "
-                                   f"Trainer.{', '.join(missing)}; dcredit_overlap=True relies "
-                                   "on them: use dcredit_overlap=False")
+        """The setups that cannot work, refused at construction (``hf_setup``)."""
+        refuse_unsupported(self, self._dcredit_settings, self._dcredit_overlap)
 
 
 class _StepBoundary(TrainerCallback):
@@ -275,34 +222,6 @@ class _UpdatesInFlight(nn.Module):
             opt.zero_grad(set_to_none=set_to_none)
 
 
-def _settings(dcredit: Optional[Mapping[str, Any] | SchedulerConfig],
-              policy: Optional[str]) -> dict[str, Any]:
-    """``DistributedOptimizer`` keywords from ``dcredit=`` and ``dcredit_policy=``; the
-    transport is torch.distributed (Accelerate's process group) unless chosen."""
-    if dcredit is None:
-        settings: dict[str, Any] = {}
-    elif isinstance(dcredit, SchedulerConfig):
-        settings = {name: getattr(dcredit, name) for name in _KEYWORDS if hasattr(dcredit, name)}
-    elif isinstance(dcredit, Mapping):
-        settings = dict(dcredit)
-    else:
-        raise TypeError(f"dcredit_hvd.hf: dcredit= takes a mapping of DistributedOptimizer "
-                        f"keywords or a SchedulerConfig, got {type(dcredit).__name__}")
-    own = sorted(set(settings) & set(_OWN))
-    if own:
-        raise ValueError(f"dcredit_hvd.hf: dcredit= cannot set {', '.join(own)}: the Trainer "
-                         "sets them (dcredit_model=, gradient_accumulation_steps)")
-    unknown = sorted(set(settings) - set(_KEYWORDS))
-    if unknown:
-        raise TypeError(f"dcredit_hvd.hf: unknown dcredit= keyword(s) {', '.join(unknown)}; "
-                        f"known: {', '.join(_KEYWORDS)}")
-    if policy is not None:
-        settings["policy"] = policy
-    settings.setdefault("transport", "torch.distributed")
-    if settings["transport"] not in (None, "torch.distributed"):
-        raise ValueError("dcredit_hvd.hf: DCreditTrainer reduces over Accelerate's "
-                         "torch.distributed group; transport must be 'torch.distributed'")
-    return settings
 
 
 def _follow(scheduler: Any, wrapped: torch.optim.Optimizer) -> None:

@@ -1,6 +1,7 @@
 """Horovod for the Lightning strategies: the ranks ``horovodrun`` gave (``HorovodRanks``, the
 body of each Lightning package's ``ClusterEnvironment``) and the collectives Lightning itself
-uses (logging's ``sync_dist``, ``ModelCheckpoint``'s broadcast, barriers) on Horovod.
+uses (logging's ``sync_dist``, ``ModelCheckpoint``'s broadcast, barriers) on Horovod, and the
+strategies' side of them (``HorovodCollectives``).
 
 Lightning-free, so both packages (``lightning`` and ``pytorch_lightning``) build their own
 environment class on it and no class of one package meets the other's in a run.
@@ -8,7 +9,7 @@ environment class on it and no class of one package meets the other's in a run.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Optional
 
 from torch import Tensor
 
@@ -107,3 +108,43 @@ def broadcast(tensors: list[Tensor]) -> None:
                for i, t in enumerate(tensors)]
     for handle in handles:
         hvd.synchronize(handle)
+
+
+class HorovodCollectives:
+    """The process group and the collectives Lightning uses (logging, checkpoints): DDP's,
+    Horovod's under Horovod (``self.horovod``); mixed into ``DCreditStrategyBody``."""
+
+    def setup_distributed(self) -> None:
+        """torch.distributed as ``DDPStrategy`` sets it up; under Horovod, ``hvd.init()``."""
+        if not self.horovod:
+            super().setup_distributed()                              # type: ignore[misc]
+            return
+        self.kit.reset_seed()
+        self.set_world_ranks()
+        horovod()
+        assert self.cluster_environment is not None
+        self.cluster_environment.validate_settings(self.num_processes, self.num_nodes)
+
+    def barrier(self, *args: Any, **kwargs: Any) -> None:
+        if not self.horovod:
+            return super().barrier(*args, **kwargs)                  # type: ignore[misc]
+        horovod().barrier()
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        if not self.horovod:
+            return super().broadcast(obj, src)                       # type: ignore[misc]
+        return horovod().broadcast_object(obj, root_rank=src)
+
+    def reduce(self, tensor: Any, group: Optional[Any] = None,
+               reduce_op: Optional[Any] = "mean") -> Any:
+        if not self.horovod:
+            return super().reduce(tensor, group=group,               # type: ignore[misc]
+                                  reduce_op=reduce_op)
+        return reduce(tensor, reduce_op)
+
+    def all_gather(self, tensor: Tensor, group: Optional[Any] = None,
+                   sync_grads: bool = False) -> Tensor:
+        if not self.horovod:
+            return super().all_gather(tensor, group=group,           # type: ignore[misc]
+                                      sync_grads=sync_grads)
+        return horovod().allgather(tensor.unsqueeze(0))

@@ -3,7 +3,10 @@
 ``DCreditStrategyBody`` is mixed in before a package's ``DDPStrategy``
 (``frameworks/pytorch_lightning.py``, ``frameworks/lightning.py``); everything it needs from
 the package comes through the class's ``kit`` (``lightning_steps.LightningKit``), so a
-``lightning`` type never meets a ``pytorch_lightning`` one in a run.
+``lightning`` type never meets a ``pytorch_lightning`` one in a run.  It is ``StrategyCore``
+(here: the wrap, the optimizers, the step, the end), ``lightning_buffers.RankZeroState``
+(rank 0's parameters and buffers, DDP's buffer rule) and ``horovod_env.HorovodCollectives``
+(the process group and Lightning's collectives under Horovod).
 
 Subclassing ``DDPStrategy`` rather than ``ParallelStrategy``: the launch (``torchrun``,
 Lightning's own subprocess launcher, SLURM...), process-group set-up, rank bookkeeping, the
@@ -14,17 +17,16 @@ differ (``docs/frameworks-lightning.md``).
 from __future__ import annotations
 
 import inspect
-from collections.abc import Generator
-from contextlib import contextmanager
 from typing import Any, Callable, ClassVar, Optional
 
 import torch
-from torch import Tensor
 from torch.optim import Optimizer
 
 import dcredit_hvd
 
 from . import horovod_env
+from .horovod_env import HorovodCollectives
+from .lightning_buffers import RankZeroState
 from .lightning_steps import (
     SHARD_CLIP_VALUE,
     SYNCED,
@@ -38,8 +40,6 @@ from .lightning_steps import (
     reduce_now,
     repoint,
     sharded,
-    torch_broadcast,
-    unique_tensors,
 )
 
 NAME = "dcredit"
@@ -72,22 +72,8 @@ DESCRIPTION = ("data-parallel training with dcredit_hvd's scheduled gradient all
                "(torch.distributed or Horovod)")
 
 
-class DCreditStrategyBody:
-    """Data-parallel training whose gradient all-reduces are scheduled by ``dcredit_hvd``.
-
-    Args:
-        policy: ``"dcredit"`` (default), ``"bytescheduler"`` or ``"wfbp"`` (README "Policies").
-        model_overlap: pass ``model=`` to ``DistributedOptimizer``: ``step()`` returns at once
-            and each parameter is updated as soon as its gradient is reduced, overlapping the
-            next forward.  ``False``: ``step()`` waits for every gradient (Horovod's step).
-        transport: ``"horovod"`` or ``"torch.distributed"``; default: Horovod when launched by
-            ``horovodrun``, else torch.distributed.
-        broadcast_buffers: rank 0's buffers before a forward, as DDP's default does.
-        **kwargs: ``dcredit_hvd.DistributedOptimizer``'s other keyword arguments
-            (``partition_bytes``, ``credit_bytes``, ``compression``, ``liveness_timeout``...);
-            ``backward_passes_per_step`` in manual optimization only; and ``DDPStrategy``'s
-            launch arguments (``process_group_backend``, ``timeout``, ``cluster_environment``...).
-    """
+class StrategyCore:
+    """The wrap, the optimizers and the step of ``DCreditStrategyBody``."""
 
     strategy_name = NAME
     kit: ClassVar[LightningKit]
@@ -126,18 +112,6 @@ class DCreditStrategyBody:
         self._no_sync = False
         self._clip: Optional[Callable[..., None]] = None
 
-    # -- launch and process group ------------------------------------------------------------
-    def setup_distributed(self) -> None:
-        """torch.distributed as ``DDPStrategy`` sets it up; under Horovod, ``hvd.init()``."""
-        if not self.horovod:
-            super().setup_distributed()                              # type: ignore[misc]
-            return
-        self.kit.reset_seed()
-        self.set_world_ranks()
-        horovod_env.horovod()
-        assert self.cluster_environment is not None
-        self.cluster_environment.validate_settings(self.num_processes, self.num_nodes)
-
     # -- setup: no DDP wrap, state from rank 0, wrapped optimizers ---------------------------
     def setup(self, trainer: Any) -> None:
         """``DDPStrategy.setup`` itself (layer sync, precision, device, optimizers); its
@@ -156,9 +130,8 @@ class DCreditStrategyBody:
     def configure_ddp(self) -> None:
         """Where ``DDPStrategy.setup`` wraps the model: no wrap; rank 0's parameters and
         buffers on every rank (the optimizers are wrapped next, in ``setup_optimizers``)."""
-        self._broadcast_module_state()
+        self.broadcast_rank0_state()
         self._failed = None
-        self._sync_buffers_next = True
 
     def setup_optimizers(self, trainer: Any) -> None:
         """Lightning's optimizers and schedulers, then each optimizer wrapped (before any
@@ -233,16 +206,6 @@ class DCreditStrategyBody:
                     and optimizer in self._wrapped
                     and self.kit.is_overridden("on_before_optimizer_step", module))
 
-    @contextmanager
-    def block_backward_sync(self) -> Generator[None, None, None]:
-        """Nothing to block: the wrappers count backward passes (``backward_passes_per_step``)
-        and send only at the last one.  Remembered for DDP's buffer rule (no sync after it)."""
-        self._no_sync = True
-        try:
-            yield None
-        finally:
-            self._no_sync = False
-
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         """Follow ``accumulate_grad_batches`` if a callback changed it (a window starts at an
         epoch's first batch, and every window ends with a step, so nothing is half-counted)."""
@@ -258,75 +221,6 @@ class DCreditStrategyBody:
         for opt in self._wrapped:
             if opt.backward_passes_per_step != accumulate:
                 opt.set_backward_passes_per_step(accumulate)
-
-    # -- buffers, as DDP's broadcast_buffers -------------------------------------------------
-    def training_step(self, *args: Any, **kwargs: Any) -> Any:
-        self._before_forward()
-        try:
-            return super().training_step(*args, **kwargs)            # type: ignore[misc]
-        finally:
-            self._after_forward()
-
-    def validation_step(self, *args: Any, **kwargs: Any) -> Any:
-        self._before_forward()
-        try:
-            return super().validation_step(*args, **kwargs)          # type: ignore[misc]
-        finally:
-            self._after_forward()
-
-    def _before_forward(self) -> None:
-        if self.broadcast_buffers and self._sync_buffers_next and self.world_size > 1:
-            assert self.lightning_module is not None
-            buffers = [b for b in self.lightning_module.buffers() if b.numel()]
-            if buffers:
-                self._broadcast(buffers)
-
-    def _after_forward(self) -> None:
-        # DDP syncs before a forward that follows one with gradients and sync on; in manual
-        # optimization Lightning turns its sync off around the forward, so never after one.
-        module = self.lightning_module
-        self._sync_buffers_next = (torch.is_grad_enabled() and not self._no_sync
-                                   and module is not None and module.automatic_optimization)
-
-    def _broadcast_module_state(self) -> None:
-        """Rank 0's parameters and buffers on every rank (DDP does it when it wraps)."""
-        assert self.model is not None
-        if self.world_size <= 1:
-            return
-        if self.horovod:
-            horovod_env.horovod().broadcast_parameters(self.model.state_dict(), root_rank=0)
-        else:
-            with torch.no_grad():
-                torch_broadcast(unique_tensors(self.model))
-
-    def _broadcast(self, tensors: list[Tensor]) -> None:
-        with torch.no_grad():
-            (horovod_env.broadcast if self.horovod else torch_broadcast)(tensors)
-
-    # -- collectives Lightning uses (logging, checkpoints): Horovod's under Horovod ----------
-    def barrier(self, *args: Any, **kwargs: Any) -> None:
-        if not self.horovod:
-            return super().barrier(*args, **kwargs)                  # type: ignore[misc]
-        horovod_env.horovod().barrier()
-
-    def broadcast(self, obj: Any, src: int = 0) -> Any:
-        if not self.horovod:
-            return super().broadcast(obj, src)                       # type: ignore[misc]
-        return horovod_env.horovod().broadcast_object(obj, root_rank=src)
-
-    def reduce(self, tensor: Any, group: Optional[Any] = None,
-               reduce_op: Optional[Any] = "mean") -> Any:
-        if not self.horovod:
-            return super().reduce(tensor, group=group,               # type: ignore[misc]
-                                  reduce_op=reduce_op)
-        return horovod_env.reduce(tensor, reduce_op)
-
-    def all_gather(self, tensor: Tensor, group: Optional[Any] = None,
-                   sync_grads: bool = False) -> Tensor:
-        if not self.horovod:
-            return super().all_gather(tensor, group=group,           # type: ignore[misc]
-                                      sync_grads=sync_grads)
-        return horovod_env.horovod().allgather(tensor.unsqueeze(0))
 
     # -- end ---------------------------------------------------------------------------------
     def on_exception(self, exception: BaseException) -> None:
@@ -357,3 +251,21 @@ class DCreditStrategyBody:
     def register_strategies(cls, strategy_registry: Any) -> None:
         if NAME not in strategy_registry:
             strategy_registry.register(NAME, cls, description=DESCRIPTION)
+
+
+class DCreditStrategyBody(StrategyCore, RankZeroState, HorovodCollectives):
+    """Data-parallel training whose gradient all-reduces are scheduled by ``dcredit_hvd``.
+
+    Args:
+        policy: ``"dcredit"`` (default), ``"bytescheduler"`` or ``"wfbp"`` (README "Policies").
+        model_overlap: pass ``model=`` to ``DistributedOptimizer``: ``step()`` returns at once
+            and each parameter is updated as soon as its gradient is reduced, overlapping the
+            next forward.  ``False``: ``step()`` waits for every gradient (Horovod's step).
+        transport: ``"horovod"`` or ``"torch.distributed"``; default: Horovod when launched by
+            ``horovodrun``, else torch.distributed.
+        broadcast_buffers: rank 0's buffers before a forward, as DDP's default does.
+        **kwargs: ``dcredit_hvd.DistributedOptimizer``'s other keyword arguments
+            (``partition_bytes``, ``credit_bytes``, ``compression``, ``liveness_timeout``...);
+            ``backward_passes_per_step`` in manual optimization only; and ``DDPStrategy``'s
+            launch arguments (``process_group_backend``, ``timeout``, ``cluster_environment``...).
+    """

@@ -19,7 +19,10 @@ LIBRARY_USERS = {
                 "dcredit_hvd.bench.emulate", "dcredit_hvd.frameworks.horovod_env"},
     "torch.distributed": {"dcredit_hvd.transports.torch_distributed",
                           "dcredit_hvd.bench.sidebyside", "dcredit_hvd.frameworks.lightning_steps",
-                          "dcredit_hvd.frameworks.hf"},
+                          "dcredit_hvd.frameworks.hf", "dcredit_hvd.frameworks.hf_setup",
+                          "dcredit_hvd.frameworks.accelerate",
+                          "dcredit_hvd.frameworks.accelerate_setup",
+                          "dcredit_hvd.frameworks.fabric", "dcredit_hvd.frameworks.fabric_launch"},
 }
 #: The folders of the library proper, which must never import the measuring tools (bench/).
 LIBRARY_FOLDERS = ("runtime", "planning", "policies", "liveness", "transports")
