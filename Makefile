@@ -91,12 +91,18 @@ vcluster-report:
 demo: install
 	./scripts/demo.sh
 
-# The frameworks on 2 virtual hosts at 1 Gbit/s (about 4 minutes, root): one LightningModule under
-# strategy="ddp" and strategy="dcredit" and in a plain torchrun loop with dcredit_hvd; one GPT-2
-# under transformers.Trainer (DDP), DCreditTrainer and the plain loop; ms per step and speed-up.
+# The frameworks on 2 virtual hosts at 1 Gbit/s (about 6 minutes, root): one CNN under Lightning
+# (strategy="ddp"/"dcredit"), Fabric (strategy="ddp"/DCreditFabricStrategy) and a plain torchrun
+# loop with dcredit_hvd; one GPT-2 under transformers.Trainer (DDP)/DCreditTrainer,
+# accelerate.Accelerator (DDP)/DCreditAccelerator and the plain loop; ms per step, then one summary
+# table (medians): each framework's own DDP, with dcredit, the plain loop, overhead and speed-up.
 demo-frameworks: install
-	$(PY) scripts/bench_lightning.py
-	$(PY) scripts/bench_hf.py
+	@rm -f .demo-frameworks.md
+	$(PY) scripts/bench_lightning.py --summary .demo-frameworks.md
+	$(PY) scripts/bench_hf.py --summary .demo-frameworks.md
+	@printf '\nSummary (median ms/step; overhead: framework+dcredit against the plain dcredit loop)\n\n'
+	@printf '| framework | own DDP ms | framework+dcredit ms | plain loop ms | overhead vs plain loop | speed-up over own DDP |\n|---|---:|---:|---:|---:|---:|\n'
+	@cat .demo-frameworks.md; rm -f .demo-frameworks.md
 
 # The network changes during training (1 Gbit/s, 250 Mbit/s from 25 s, 1 Gbit/s from 50 s):
 # dcredit (re-plans online), dcredit-static, bytescheduler and horovod, 75 s each on 2 virtual

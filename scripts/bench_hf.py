@@ -45,8 +45,10 @@ def _options(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=5, help="uncounted steps per row and round")
     parser.add_argument("--rounds", type=int, default=1, help="times the sequence of rows runs")
     parser.add_argument("--policy", default="dcredit", help="dcredit_hvd policy")
-    parser.add_argument("--rows", default="", help="comma-separated row numbers (1-7) to run; "
+    parser.add_argument("--rows", default="", help="comma-separated row numbers (1-9) to run; "
                         "default all")
+    parser.add_argument("--summary", default="", help="append the summary table's rows here "
+                        "(rank 0)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -57,7 +59,8 @@ def launch(options: argparse.Namespace) -> int:
                str(ROOT / "scripts" / "torchrun_cluster.sh"), "2", sys.executable,
                str(Path(__file__).resolve()), "--worker", "--steps", str(options.steps),
                "--warmup", str(options.warmup), "--rounds", str(options.rounds),
-               "--policy", options.policy, "--rate", options.rate, "--rows", options.rows]
+               "--policy", options.policy, "--rate", options.rate, "--rows", options.rows,
+               "--summary", str(Path(options.summary).resolve()) if options.summary else ""]
     env = dict(os.environ, DCREDIT_LOG_LEVEL=os.environ.get("DCREDIT_LOG_LEVEL", "WARNING"),
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     return subprocess.call(command, env=env, cwd=ROOT)
@@ -167,6 +170,34 @@ def worker(options: argparse.Namespace) -> None:
             opt.close()
         return run
 
+    def accelerate_loop(dcredit: bool) -> Callable[[list[float]], None]:
+        """The plain loop under accelerate.Accelerator() (DDP) or DCreditAccelerator, clipping at
+        1.0 through accelerator.clip_grad_norm_."""
+        def run(ends: list[float]) -> None:
+            import accelerate
+
+            from dcredit_hvd.frameworks.accelerate import DCreditAccelerator
+            acc = (DCreditAccelerator(cpu=True, dcredit_policy=options.policy) if dcredit
+                   else accelerate.Accelerator(cpu=True))
+            net = model()
+            net.train()
+            opt = torch.optim.AdamW(net.parameters(), lr=1e-4, weight_decay=0.0)
+            sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.0, 1 - s / steps))
+            net, opt, sched = acc.prepare(net, opt, sched)
+            data = DataLoader(Tokens(), batch_size=batch,
+                              sampler=DistributedSampler(Tokens(), seed=0))
+            for _, inputs in zip(range(steps), data):
+                acc.backward(net(**inputs).loss)
+                acc.clip_grad_norm_(net.parameters(), 1.0)
+                opt.step()
+                sched.step()
+                opt.zero_grad()
+                ends.append(time.perf_counter())
+            acc.end_training()
+            for wrapper in getattr(acc, "dcredit_optimizers", []):
+                wrapper.close()
+        return run
+
     rows: dict[str, Callable[[list[float]], None]] = {
         "Trainer (DDP)": trainer(tf.Trainer, 1.0),
         "Trainer (DDP, find_unused_parameters=False)": trainer(tf.Trainer, 1.0, ddp=False),
@@ -176,6 +207,8 @@ def worker(options: argparse.Namespace) -> None:
                                            dcredit_overlap=True),
         "plain loop, dcredit, overlap": plain_loop(overlap=True),
         "plain loop, DDP": ddp_loop,
+        "Accelerator (DDP)": accelerate_loop(dcredit=False),
+        "DCreditAccelerator": accelerate_loop(dcredit=True),
     }
     assert arguments(1.0).device                 # Accelerate initialises the process group
     if options.rows:
@@ -197,6 +230,7 @@ def report(pooled: dict[str, list[float]], options: argparse.Namespace, params: 
     mean = {name: statistics.fmean(times) * 1e3 for name, times in pooled.items()}
     ddp = mean.get("Trainer (DDP)", next(iter(mean.values())))
     loops = {"DCreditTrainer": "plain loop, dcredit, sync+clip",
+             "DCreditAccelerator": "plain loop, dcredit, sync+clip",
              "DCreditTrainer, overlap": "plain loop, dcredit, overlap"}
     counted = len(next(iter(pooled.values())))
     print(f"\nGPT-2 4 layers d=256 ({params / 1e6:.1f} M parameters), 2 hosts at {options.rate}, "
@@ -210,6 +244,18 @@ def report(pooled: dict[str, list[float]], options: argparse.Namespace, params: 
         print(f"| {name} | {mean[name]:.0f} | {statistics.median(times) * 1e3:.0f} "
               f"| {ddp / mean[name]:.2f}x | {against} |")
     sys.stdout.flush()
+    if options.summary:
+        median = {name: statistics.median(times) * 1e3 for name, times in pooled.items()}
+        with open(options.summary, "a") as out:
+            for framework, own, ours in (("HF Trainer", "Trainer (DDP)", "DCreditTrainer"),
+                                         ("Accelerate", "Accelerator (DDP)",
+                                          "DCreditAccelerator")):
+                plain = "plain loop, dcredit, sync+clip"
+                if not {own, ours, plain} <= set(median):
+                    continue
+                out.write(f"| {framework} | {median[own]:.1f} | {median[ours]:.1f} "
+                          f"| {median[plain]:.1f} | {100 * (median[ours] / median[plain] - 1):+.1f}% "
+                          f"| {median[own] / median[ours]:.2f}x |\n")
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=6, help="steps of each fit not timed")
     parser.add_argument("--rounds", type=int, default=4, help="times each mode runs, in turn")
     parser.add_argument("--json", help="also write the figures here (rank 0)")
+    parser.add_argument("--summary", help="append the summary table's rows here (rank 0)")
     return parser.parse_args()
 
 
@@ -53,6 +54,8 @@ def launch(args: argparse.Namespace) -> int:
                "--rounds", str(args.rounds)]
     if args.json:
         command += ["--json", str(Path(args.json).resolve())]
+    if args.summary:
+        command += ["--summary", str(Path(args.summary).resolve())]
     return subprocess.call(command, cwd=ROOT)
 
 
@@ -140,9 +143,36 @@ def main(args: argparse.Namespace) -> None:
         opt.close()
         return starts
 
+    def fabric(dcredit: bool) -> list[float]:
+        """The same model, data and optimizer in a Fabric loop: Fabric(strategy="ddp") or
+        Fabric(strategy=DCreditFabricStrategy())."""
+        import lightning as L
+
+        from dcredit_hvd.frameworks.fabric import DCreditFabricStrategy
+        strategy: Any = DCreditFabricStrategy() if dcredit else "ddp"
+        fab = L.Fabric(strategy=strategy, accelerator="cpu", devices=1, num_nodes=world)
+        fab.launch()
+        net = Module().net
+        model, opt = fab.setup(net, torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9))
+        x_all, y_all = data.tensors
+        starts = []
+        for step in range(args.steps):
+            starts.append(time.perf_counter())
+            at = (step * world + rank) * BATCH
+            x, y = x_all[at:at + BATCH], y_all[at:at + BATCH]
+            opt.zero_grad()
+            fab.backward(F.cross_entropy(model(x), y))
+            opt.step()
+        if dcredit:
+            fab.strategy.teardown()         # closes the wrapper: the owed updates applied
+        starts.append(time.perf_counter())
+        return starts
+
     modes: dict[str, Callable[[], list[float]]] = {
         "Lightning, strategy=\"ddp\"": lambda: lightning("ddp"),
         "Lightning, strategy=\"dcredit\"": lambda: lightning("dcredit"),
+        "Fabric, strategy=\"ddp\"": lambda: fabric(False),
+        "Fabric, DCreditFabricStrategy()": lambda: fabric(True),
         "plain torchrun loop, dcredit_hvd": plain,
     }
     steps: dict[str, list[float]] = {name: [] for name in modes}
@@ -170,10 +200,18 @@ def report(args: argparse.Namespace, steps: dict[str, list[float]]) -> None:
     print("|---|---:|---:|---:|")
     for name in names:
         print(f"| {name} | {median[name]:.1f} | {low[name]:.1f} | {ddp / median[name]:.2f}x |")
-    cost = {what: figures[names[1]] / figures[names[2]] - 1
+    plain = names[-1]
+    cost = {what: figures[names[1]] / figures[plain] - 1
             for what, figures in (("median", median), ("lower quartile", low))}
     print("\nframework cost (Lightning dcredit against the plain dcredit loop): "
           + ", ".join(f"{100 * value:+.1f}% ({what})" for what, value in cost.items()))
+    if args.summary:
+        with open(args.summary, "a") as out:
+            for framework, own, ours in (("Lightning", names[0], names[1]),
+                                         ("Fabric", names[2], names[3])):
+                out.write(f"| {framework} | {median[own]:.1f} | {median[ours]:.1f} "
+                          f"| {median[plain]:.1f} | {100 * (median[ours] / median[plain] - 1):+.1f}% "
+                          f"| {median[own] / median[ours]:.2f}x |\n")
     if args.json:
         Path(args.json).write_text(json.dumps({"median_ms": median, "lower_quartile_ms": low,
                                                "steps": steps, "rate": args.rate}, indent=1))
