@@ -193,9 +193,10 @@ def worker(options: argparse.Namespace) -> None:
                 sched.step()
                 opt.zero_grad()
                 ends.append(time.perf_counter())
-            acc.end_training()
-            for wrapper in getattr(acc, "dcredit_optimizers", []):
-                wrapper.close()
+            if isinstance(acc, DCreditAccelerator):  # not end_training(): it destroys the
+                acc.settle()                         # process group the next rows use
+                for wrapper in acc.dcredit_optimizers:
+                    wrapper.close()
         return run
 
     rows: dict[str, Callable[[list[float]], None]] = {
