@@ -26,7 +26,7 @@ import torch
 from . import arguments, transports
 from .config import SchedulerConfig
 from .planning.blocks import TensorLayout
-from .runtime import lifetime, shards
+from .runtime import lifetime, loading, shards
 from .runtime.assembly import Parts, assemble
 from .runtime.device import follow
 from .runtime.instrument import log
@@ -200,28 +200,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def load_state_dict(self, *args, **kwargs):
         """Restore optimizer state; anything still in flight is drained first, then all
-        scheduler state is reset (elastic ``restore()`` relies on this)."""
-        if self._parts is not None:
-            self._parts.overlap.settle_for_load()
-            self._parts.lifecycle.discard_in_flight()
-        self._state.synchronized = False
-        self._state.should_synchronize = True
-        if self._state.sharded is not None:
-            args = (self._state.sharded.load_state_dict(args[0]), *args[1:])
-        groups = list(self.param_groups)
-        result = self._dcredit_base.load_state_dict(self, *args, **kwargs)
-        # torch builds new group dicts; the old ones are kept (filled with the loaded values)
-        # because the user's optimizer and any LR scheduler built on it hold them too.
-        for index, (old, new) in enumerate(zip(groups, self.param_groups)):
-            if old is not new:
-                old.clear()
-                old.update(new)
-                self.param_groups[index] = old
-        return result
+        scheduler state is reset (elastic ``restore()`` relies on this; ``loading.py``)."""
+        return loading.load_state_dict(self, self._dcredit_base, self._state, self._parts,
+                                       args, kwargs)
 
     def raise_if_failed(self) -> None:
-        """Raise the error a background thread holds (``PeerLostError``, ``StallError``, a
-        collective's failure), or nothing: for code that waits elsewhere and polls."""
+        """Raise a background thread's error (``PeerLostError``, ``StallError``...), if any."""
         if self._parts is not None:
             self._state.scheduler.check()
 

@@ -287,30 +287,6 @@ class ShardedUpdate:
                 entry[k] = first.detach().clone() if torch.is_tensor(first) else first
         return SliceState(entry, [(pc.start, pc.stop) for pc in pieces])
 
-    def set_parameter_state(self, p: torch.Tensor, value: Mapping[str, Any]) -> None:
-        """``opt.state[p] = value`` with ``value`` holding ``p``'s keys in the view's shapes
-        (what device moves write back, e.g. Lightning's teardown): each value goes into the
-        pieces, as an in-place change would."""
-        current = self.parameter_state(p)
-        if current is None or not isinstance(value, Mapping) or set(value) != set(current):
-            raise TypeError(READ_ONLY.format(what="an entry can be replaced only by one with "
-                                             "the same keys, in the shapes opt.state[p] shows"))
-        index = self._position[p]
-        pieces = [pc for pc in self._of_param.get(index, []) if self.inner.state.get(pc.tensor)]
-        for key, new in value.items():
-            old = current[key]
-            if torch.is_tensor(old) and torch.is_tensor(new) and old.shape != new.shape:
-                raise TypeError(READ_ONLY.format(what=f"{key!r} has shape {tuple(old.shape)} "
-                                                 f"here, not {tuple(new.shape)}"))
-            if torch.is_tensor(old) and old.numel() == sum(pc.stop - pc.start for pc in pieces) \
-                    and old.dim() == 1 and old.numel() != 1:
-                old.copy_(new)                         # live: the pieces' own elements
-            else:                                      # per-parameter: each piece's copy
-                for pc in pieces:
-                    state = self.inner.state[pc.tensor]
-                    state[key] = new.detach().clone().to(state[key].device) \
-                        if torch.is_tensor(new) and torch.is_tensor(state[key]) else new
-
     def _contiguous(self, pieces: list[Piece], key: str) -> torch.Tensor:
         """One tensor whose elements *are* the pieces' ``key`` state, in the pieces' order.
 
@@ -380,6 +356,31 @@ class ShardedUpdate:
                             for k, v in src.items()}
         loaded["state"] = state
         self.inner.load_state_dict(loaded)
+
+
+def set_parameter_state(sharded: ShardedUpdate, p: torch.Tensor, value: Mapping[str, Any]) -> None:
+    """``opt.state[p] = value`` with ``value`` holding ``p``'s keys in the view's shapes
+    (what device moves write back, e.g. Lightning's teardown): each value goes into the
+    pieces, as an in-place change would."""
+    current = sharded.parameter_state(p)
+    if current is None or not isinstance(value, Mapping) or set(value) != set(current):
+        raise TypeError(READ_ONLY.format(what="an entry can be replaced only by one with "
+                                         "the same keys, in the shapes opt.state[p] shows"))
+    index = sharded._position[p]
+    pieces = [pc for pc in sharded._of_param.get(index, []) if sharded.inner.state.get(pc.tensor)]
+    for key, new in value.items():
+        old = current[key]
+        if torch.is_tensor(old) and torch.is_tensor(new) and old.shape != new.shape:
+            raise TypeError(READ_ONLY.format(what=f"{key!r} has shape {tuple(old.shape)} "
+                                             f"here, not {tuple(new.shape)}"))
+        if torch.is_tensor(old) and old.numel() == sum(pc.stop - pc.start for pc in pieces) \
+                and old.dim() == 1 and old.numel() != 1:
+            old.copy_(new)                         # live: the pieces' own elements
+        else:                                      # per-parameter: each piece's copy
+            for pc in pieces:
+                state = sharded.inner.state[pc.tensor]
+                state[key] = new.detach().clone().to(state[key].device) \
+                    if torch.is_tensor(new) and torch.is_tensor(state[key]) else new
 
 
 READ_ONLY = (
@@ -463,7 +464,7 @@ class StateView(Mapping):
     def __setitem__(self, p: Any, value: Any) -> None:
         if not torch.is_tensor(p):
             raise TypeError(READ_ONLY.format(what="cannot set a parameter's entry"))
-        self._sharded.set_parameter_state(p, value)
+        set_parameter_state(self._sharded, p, value)
 
     def __delitem__(self, p: Any) -> None:
         raise TypeError(READ_ONLY.format(what="cannot delete a parameter's entry"))
