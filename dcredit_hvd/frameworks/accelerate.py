@@ -32,7 +32,6 @@ from typing import Any, Optional
 
 import accelerate
 import torch
-import torch.distributed as dist
 from accelerate.optimizer import AcceleratedOptimizer
 from accelerate.utils import OPTIMIZER_NAME, save
 from torch import nn
@@ -42,6 +41,7 @@ from dcredit_hvd.config import SchedulerConfig
 
 from .accelerate_setup import check as _check
 from .accelerate_setup import settings as _settings
+from .rank0 import broadcast_from_rank0
 from .versions import require
 
 require("accelerate", accelerate.__version__)
@@ -268,24 +268,3 @@ def _end_window(entry: Wrapped) -> None:
     """After ``step()``: the next one waits for its gradients again."""
     entry.synchronized = False
     entry.skip.close()
-
-
-
-
-def broadcast_from_rank0(model: nn.Module, parameters: bool = True) -> None:
-    """Rank 0's parameters and buffers (or buffers only) on every rank, as DDP does: one
-    broadcast per dtype and device, the tensors flattened."""
-    seen: set[int] = set()
-    groups: dict[tuple, list[torch.Tensor]] = {}
-    for tensor in (list(model.parameters()) if parameters else []) + list(model.buffers()):
-        if id(tensor) not in seen and tensor.numel() > 0:
-            seen.add(id(tensor))
-            groups.setdefault((tensor.dtype, tensor.device), []).append(tensor.data)
-    with torch.no_grad():
-        for tensors in groups.values():
-            flat = torch.cat([t.reshape(-1) for t in tensors])
-            dist.broadcast(flat, src=0)
-            offset = 0
-            for t in tensors:
-                t.copy_(flat[offset:offset + t.numel()].view_as(t))
-                offset += t.numel()

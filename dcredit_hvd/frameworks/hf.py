@@ -32,7 +32,6 @@ from typing import Any, Optional
 
 import accelerate
 import torch
-import torch.distributed as dist
 import transformers
 from torch import nn
 from transformers import Trainer, TrainerCallback
@@ -43,6 +42,7 @@ from dcredit_hvd.config import SchedulerConfig
 from .hf_setup import active, refuse_unsupported
 from .hf_setup import settings as _settings
 from .hf_shards import FullOptimizerState, clip_by_global_norm
+from .rank0 import broadcast_from_rank0
 from .versions import require
 
 require("transformers", transformers.__version__)
@@ -103,7 +103,7 @@ class DCreditTrainer(Trainer):
         if prepared is not self.model:
             raise RuntimeError("dcredit_hvd.hf: Accelerate replaced the model while preparing it "
                                f"({type(prepared).__name__}); DCreditTrainer needs the model itself")
-        _broadcast_from_rank0(self.model)
+        broadcast_from_rank0(self.model)
         inner = super().create_optimizer(model)
         inner = getattr(inner, "optimizer", inner) if _is_accelerated(inner) else inner
         if self._dcredit_opt is not None and inner is self._dcredit_opt:
@@ -133,7 +133,7 @@ class DCreditTrainer(Trainer):
                 and self.args.ddp_broadcast_buffers is not False):
             # DDP's broadcast_buffers: rank 0's buffers (batch-norm statistics) before the
             # first forward of each accumulation window (DDP skips it in no_sync windows).
-            _broadcast_from_rank0(self.model, parameters=False)
+            broadcast_from_rank0(self.model, parameters=False)
         self._dcredit_window_open = True
         loss = super().training_step(model, inputs, num_items_in_batch)
         if opt is not None and self.accelerator.sync_gradients:
@@ -232,25 +232,6 @@ def _follow(scheduler: Any, wrapped: torch.optim.Optimizer) -> None:
     was built: true, and harmless (the learning rates follow the wrapper).  A scheduler the
     Trainer builds (``create_scheduler``) is built on the wrapper and does not warn."""
     scheduler.optimizer = wrapped
-
-
-def _broadcast_from_rank0(model: nn.Module, parameters: bool = True) -> None:
-    """Rank 0's parameters and buffers (or buffers only) on every rank, as DDP does: one
-    broadcast per dtype and device (the tensors flattened), not one per tensor."""
-    seen: set[int] = set()
-    groups: dict[tuple, list[torch.Tensor]] = {}
-    for tensor in (list(model.parameters()) if parameters else []) + list(model.buffers()):
-        if id(tensor) not in seen and tensor.numel() > 0:
-            seen.add(id(tensor))
-            groups.setdefault((tensor.dtype, tensor.device), []).append(tensor.data)
-    with torch.no_grad():
-        for tensors in groups.values():
-            flat = torch.cat([t.reshape(-1) for t in tensors])
-            dist.broadcast(flat, src=0)
-            offset = 0
-            for t in tensors:
-                t.copy_(flat[offset:offset + t.numel()].view_as(t))
-                offset += t.numel()
 
 
 def _is_accelerated(opt: Any) -> bool:

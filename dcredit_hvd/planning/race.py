@@ -219,8 +219,9 @@ def refit_offset(rows: Sequence[tuple[float, float, float]]) -> tuple[float, flo
     The all-reduce count is what tells the candidates apart in what the model misses (each
     window's start-up, submission and completion, on the cores that compute; a per-iteration
     error common to all is ``d_fixed``).  With fewer than two distinct counts the fit is the
-    mean residual alone (``d_op = 0``).  ``d_op`` is added to the cost model's ``a`` when the
-    next plan is made (after drift, or in a job that reads ``profile_out``).
+    mean residual alone (``d_op = 0``).  ``d_op`` is added to the correction of the cost
+    model's ``a`` used when the next plan of this job is made (after drift); ``profile_out``
+    records it, but a later job does not read it back yet.
     """
     points = [(float(p), float(m), float(k)) for p, m, k in rows
               if p is not None and m is not None and math.isfinite(m)]

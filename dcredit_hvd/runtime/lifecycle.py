@@ -204,7 +204,8 @@ class PlanLifecycle:
         state = self.state
         state.race.end_iteration()
         if state.race.done:
-            state.refit_per_allreduce = state.race.refit[0]
+            # The race priced its candidates on the corrected link: its residual adds to it.
+            state.refit_per_allreduce += state.race.refit[0]
             state.races.append(state.race.summary())
             state.race = None
             if state.drift is not None:

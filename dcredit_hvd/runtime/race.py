@@ -131,7 +131,7 @@ class LiveRace:
         return corrected(cost, self.refit[0])
 
     def summary(self) -> dict:
-        """What ``optimizer.race`` shows: the table, the winner, the cost, the refit."""
+        """What ``optimizer.races`` holds for each race: the table, the winner, the cost, the refit."""
         return {"table": self.race.table(), "done": self.race.done,
                 "winner": None if self.race.winner is None
                 else self.race.entries[self.race.winner].label,

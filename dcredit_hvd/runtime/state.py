@@ -96,7 +96,7 @@ class OptimizerState:
     replans: list[dict] = field(default_factory=list)
     race: Any = None                       # race.LiveRace while the candidates are raced
     races: list[dict] = field(default_factory=list)   # each finished race's summary
-    refit_per_allreduce: float = 0.0       # the last race's correction of the link's start-up
+    refit_per_allreduce: float = 0.0       # the races' summed correction of the link's start-up
     membership: tuple = ()                 # (size, rank) last seen (elastic)
     membership_lost: bool = False          # a failed collective: elastic will re-initialise
 

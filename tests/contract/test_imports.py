@@ -22,7 +22,8 @@ LIBRARY_USERS = {
                           "dcredit_hvd.frameworks.hf", "dcredit_hvd.frameworks.hf_setup",
                           "dcredit_hvd.frameworks.accelerate",
                           "dcredit_hvd.frameworks.accelerate_setup",
-                          "dcredit_hvd.frameworks.fabric", "dcredit_hvd.frameworks.fabric_launch"},
+                          "dcredit_hvd.frameworks.fabric", "dcredit_hvd.frameworks.fabric_launch",
+                          "dcredit_hvd.frameworks.rank0"},
 }
 #: The folders of the library proper, which must never import the measuring tools (bench/).
 LIBRARY_FOLDERS = ("runtime", "planning", "policies", "liveness", "transports")
