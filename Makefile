@@ -91,7 +91,7 @@ vcluster-report:
 demo: install
 	./scripts/demo.sh
 
-# The frameworks on 2 virtual hosts at 1 Gbit/s (about 6 minutes, root): one CNN under Lightning
+# The frameworks on 2 virtual hosts at 1 Gbit/s (about 4 minutes, root): one CNN under Lightning
 # (strategy="ddp"/"dcredit"), Fabric (strategy="ddp"/DCreditFabricStrategy) and a plain torchrun
 # loop with dcredit_hvd; one GPT-2 under transformers.Trainer (DDP)/DCreditTrainer,
 # accelerate.Accelerator (DDP)/DCreditAccelerator and the plain loop; ms per step, then one summary
