@@ -231,6 +231,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return self._state.replans
 
     @property
+    def sharded(self) -> bool:
+        """``shard=True`` in force on several ranks: state, clipping and checkpoints by slice."""
+        return self._state.sharded is not None
+
+    @property
     def scheduler_config(self) -> SchedulerConfig:
         return self._state.config
 
@@ -251,13 +256,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     # Horovod's name for the parameter -> name map (its tests read it).
     _parameter_names = property(lambda self: self._state.names)
 
-    @property
-    def _step_in_flight(self) -> bool:
-        return self._state.step_in_flight
-
-    @_step_in_flight.setter
-    def _step_in_flight(self, value: bool) -> None:
-        self._state.step_in_flight = value
+    _step_in_flight = property(lambda self: self._state.step_in_flight,
+                               lambda self, value: setattr(self._state, "step_in_flight", value))
 
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer,

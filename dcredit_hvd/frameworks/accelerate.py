@@ -19,8 +19,7 @@ Only public ``Accelerator`` methods are overridden (``docs/frameworks-accelerate
 * ``clip_grad_norm_``: ``synchronize()`` first (clipping reads reduced gradients), the next
   ``step()`` in ``skip_synchronize()``; ``shard=True`` clips by the norm of every rank's slices.
 * ``save_state``/``load_state``: owed updates applied first; ``shard=True`` saves the full
-  optimizer state (``full_state_dict()``) and each rank's own slices (loaded exactly on a job
-  of the same size).
+  optimizer state (``full_state_dict()``), which loads into a job of any size.
 """
 from __future__ import annotations
 
@@ -207,7 +206,6 @@ class DCreditAccelerator(accelerate.Accelerator):
                     f"{OPTIMIZER_NAME}_{entry.index}.bin"
                 save(full, os.path.join(location, name), safe_serialization=False,
                      save_on_each_node=self.project_configuration.save_on_each_node)
-                torch.save(entry.wrapper.state_dict(), _own_slices(location, entry, self))
             super().wait_for_everyone()
         return location
 
@@ -216,13 +214,6 @@ class DCreditAccelerator(accelerate.Accelerator):
         """``Accelerator.load_state``; the wrappers drain what is in flight before loading."""
         self.settle()
         super().load_state(input_dir, load_kwargs, **load_model_func_kwargs)
-        if self.dcredit.active and self.dcredit.settings.get("shard") and input_dir is not None:
-            # The full form loads into a job of any size; on the same rank of a job of the
-            # same size, this rank's own slices are loaded over it, exactly as they were.
-            for entry in self.dcredit.optimizers:
-                own = _own_slices(input_dir, entry, self)
-                if os.path.exists(own):
-                    entry.accelerated.load_state_dict(torch.load(own, weights_only=False))
 
 
 
@@ -256,12 +247,6 @@ class _BufferSync:
 
     def after(self) -> None:
         self.sync_next = torch.is_grad_enabled() and self.accelerator.sync_gradients
-
-
-def _own_slices(directory: str, entry: Wrapped, acc: DCreditAccelerator) -> str:
-    """This rank's own optimizer slices (``shard=True``), beside Accelerate's files."""
-    return os.path.join(directory, f"dcredit_{OPTIMIZER_NAME}_{entry.index}"
-                                   f".rank{acc.process_index}of{acc.num_processes}.bin")
 
 
 def _end_window(entry: Wrapped) -> None:

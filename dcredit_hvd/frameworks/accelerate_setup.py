@@ -2,7 +2,6 @@
 setups it refuses (they reduce gradients or wrap the model their own way)."""
 from __future__ import annotations
 
-import inspect
 import os
 from collections.abc import Mapping
 from typing import Any, Optional
@@ -11,11 +10,10 @@ import accelerate
 import torch.distributed as dist
 from accelerate.utils import DistributedType, DynamoBackend
 
-import dcredit_hvd
 from dcredit_hvd.config import SchedulerConfig
 
-#: ``DistributedOptimizer`` keywords the accelerator sets itself.
-_OWN = ("named_parameters", "model", "backward_passes_per_step")
+from .keywords import dcredit_keywords
+
 #: Launchers' world sizes without torch.distributed (horovodrun, mpirun).
 _WORLD_VARIABLES = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 _REFUSED_TYPES = {DistributedType.DEEPSPEED: "DeepSpeed", DistributedType.FSDP: "FSDP",
@@ -52,35 +50,12 @@ def check(acc: accelerate.Accelerator) -> bool:
 
 
 def settings(dcredit: Optional[Mapping[str, Any] | SchedulerConfig],
-              policy: Optional[str]) -> dict[str, Any]:
+             policy: Optional[str]) -> dict[str, Any]:
     """``DistributedOptimizer`` keywords from ``dcredit=`` and ``dcredit_policy=``, checked now
     rather than at ``prepare``; the transport is Accelerate's torch.distributed group."""
-    known = [n for n in inspect.signature(dcredit_hvd.DistributedOptimizer).parameters
-             if n not in _OWN and n != "optimizer"]
-    if dcredit is None:
-        settings: dict[str, Any] = {}
-    elif isinstance(dcredit, SchedulerConfig):
-        settings = {n: getattr(dcredit, n) for n in known if hasattr(dcredit, n)}
-    elif isinstance(dcredit, Mapping):
-        settings = dict(dcredit)
-    else:
-        raise TypeError("dcredit_hvd.frameworks.accelerate: dcredit= takes a mapping of "
-                        "DistributedOptimizer keywords or a SchedulerConfig, got "
-                        f"{type(dcredit).__name__}")
-    own = sorted(set(settings) & set(_OWN))
-    if own:
-        raise ValueError(f"dcredit_hvd.frameworks.accelerate: dcredit= cannot set "
-                         f"{', '.join(own)}: the accelerator sets them (the prepared model, "
-                         "gradient_accumulation_steps)")
-    unknown = sorted(set(settings) - set(known))
-    if unknown:
-        raise TypeError(f"dcredit_hvd.frameworks.accelerate: unknown dcredit= keyword(s) "
-                        f"{', '.join(unknown)}; known: {', '.join(known)}")
-    if policy is not None:
-        settings["policy"] = policy
-    settings.setdefault("transport", "torch.distributed")
-    if settings["transport"] not in (None, "torch.distributed"):
-        raise ValueError("dcredit_hvd.frameworks.accelerate: DCreditAccelerator reduces over "
-                         "Accelerate's torch.distributed group; transport must be "
-                         "'torch.distributed' (Accelerate has no Horovod backend)")
-    return settings
+    return dcredit_keywords(
+        dcredit, policy, who="dcredit_hvd.frameworks.accelerate",
+        set_by="the accelerator sets them (the prepared model, gradient_accumulation_steps)",
+        transport_refusal="dcredit_hvd.frameworks.accelerate: DCreditAccelerator reduces over "
+                          "Accelerate's torch.distributed group; transport must be "
+                          "'torch.distributed' (Accelerate has no Horovod backend)")

@@ -167,7 +167,7 @@ class DCreditFabricStrategy(ParallelStrategy):
         return wrapper
 
     def is_sharded(self, wrapper: Optimizer) -> bool:
-        return bool(wrapper.scheduler_config.shard) and self.world_size > 1   # type: ignore
+        return bool(wrapper.sharded)                                  # type: ignore[attr-defined]
 
     # -- buffers, by DDP's rule ------------------------------------------------------------
     def before_forward(self, module: Module, args: Any) -> None:

@@ -2,7 +2,6 @@
 replaces DDP at all (several processes), and the setups it refuses."""
 from __future__ import annotations
 
-import inspect
 import os
 from collections.abc import Mapping
 from typing import Any, Optional
@@ -10,15 +9,12 @@ from typing import Any, Optional
 import torch.distributed as dist
 from transformers import Trainer
 
-import dcredit_hvd
 from dcredit_hvd.config import SchedulerConfig
 
-#: ``DistributedOptimizer`` keywords a ``dcredit=`` mapping may set (the Trainer sets the rest).
-_OWN = ("named_parameters", "model", "backward_passes_per_step")
+from .keywords import dcredit_keywords
+
 #: Launchers' world sizes: several processes without torch.distributed (horovodrun, mpirun).
 _WORLD_VARIABLES = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
-_KEYWORDS = tuple(name for name in inspect.signature(dcredit_hvd.DistributedOptimizer).parameters
-                  if name not in _OWN and name != "optimizer")
 
 
 def active(trainer: Trainer) -> bool:
@@ -78,30 +74,11 @@ def refuse_unsupported(trainer: Trainer, settings: dict[str, Any], overlap: bool
 
 
 def settings(dcredit: Optional[Mapping[str, Any] | SchedulerConfig],
-              policy: Optional[str]) -> dict[str, Any]:
+             policy: Optional[str]) -> dict[str, Any]:
     """``DistributedOptimizer`` keywords from ``dcredit=`` and ``dcredit_policy=``; the
     transport is torch.distributed (Accelerate's process group) unless chosen."""
-    if dcredit is None:
-        settings: dict[str, Any] = {}
-    elif isinstance(dcredit, SchedulerConfig):
-        settings = {name: getattr(dcredit, name) for name in _KEYWORDS if hasattr(dcredit, name)}
-    elif isinstance(dcredit, Mapping):
-        settings = dict(dcredit)
-    else:
-        raise TypeError(f"dcredit_hvd.hf: dcredit= takes a mapping of DistributedOptimizer "
-                        f"keywords or a SchedulerConfig, got {type(dcredit).__name__}")
-    own = sorted(set(settings) & set(_OWN))
-    if own:
-        raise ValueError(f"dcredit_hvd.hf: dcredit= cannot set {', '.join(own)}: the Trainer "
-                         "sets them (dcredit_model=, gradient_accumulation_steps)")
-    unknown = sorted(set(settings) - set(_KEYWORDS))
-    if unknown:
-        raise TypeError(f"dcredit_hvd.hf: unknown dcredit= keyword(s) {', '.join(unknown)}; "
-                        f"known: {', '.join(_KEYWORDS)}")
-    if policy is not None:
-        settings["policy"] = policy
-    settings.setdefault("transport", "torch.distributed")
-    if settings["transport"] not in (None, "torch.distributed"):
-        raise ValueError("dcredit_hvd.hf: DCreditTrainer reduces over Accelerate's "
-                         "torch.distributed group; transport must be 'torch.distributed'")
-    return settings
+    return dcredit_keywords(
+        dcredit, policy, who="dcredit_hvd.hf",
+        set_by="the Trainer sets them (dcredit_model=, gradient_accumulation_steps)",
+        transport_refusal="dcredit_hvd.hf: DCreditTrainer reduces over Accelerate's "
+                          "torch.distributed group; transport must be 'torch.distributed'")

@@ -24,9 +24,8 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 
 def sharded(opt: Optional[torch.optim.Optimizer]) -> bool:
-    """A ``dcredit_hvd.DistributedOptimizer`` in the sharded mode on several ranks."""
-    config = getattr(opt, "scheduler_config", None)
-    return bool(config is not None and config.shard and getattr(opt, "layouts", None))
+    """A ``dcredit_hvd.DistributedOptimizer`` in the sharded mode (its ``sharded``)."""
+    return bool(getattr(opt, "sharded", False))
 
 
 def clip_by_global_norm(opt: torch.optim.Optimizer, max_norm: float) -> None:

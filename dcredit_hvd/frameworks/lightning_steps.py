@@ -85,9 +85,8 @@ SHARD_CLIP_VALUE = (
 
 
 def sharded(raw: Any) -> bool:
-    """A wrapper in the sharded mode (``shard=True`` on several ranks)."""
-    config = getattr(raw, "scheduler_config", None)
-    return bool(config is not None and config.shard and getattr(raw, "layouts", None))
+    """A wrapper in the sharded mode (``DistributedOptimizer.sharded``)."""
+    return bool(getattr(raw, "sharded", False))
 
 
 def by_value(algorithm: Any) -> bool:

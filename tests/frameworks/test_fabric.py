@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -25,6 +23,9 @@ import pytest
 
 pytest.importorskip("lightning")
 pytest.importorskip("transformers")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
+from launched_jobs import job_env, launch  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -66,24 +67,15 @@ class Job:
 
 
 def _run(command: list[str], folder: Path, group: str) -> Job:
-    """``command`` in a session of its own, as a user who sets no ``DCREDIT_*`` variable."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DCREDIT_")}
-    env.update(PYTHONUNBUFFERED="1", DCREDIT_LOG_LEVEL="WARNING",
-               PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])))
+    """``command`` in a session of its own, as a user who sets no ``DCREDIT_*`` variable
+    (``launched_jobs``), with no rank variable of this process's launcher left over."""
+    pids = folder / f"pids-{group}"
+    pids.mkdir(parents=True, exist_ok=True)
+    env = job_env(pids)
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
-    started = time.monotonic()
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-                            start_new_session=True, text=True)
-    try:
-        output, _ = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
-        code: Optional[int] = proc.returncode
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        code = None
-    print(f"FABRIC {group}: {time.monotonic() - started:.1f} s, exit {code}")
+    code, output, seconds, _ = launch(command, env, pids, LAUNCH_TIMEOUT_S)
+    print(f"FABRIC {group}: {seconds:.1f} s, exit {code}")
     ranks = [json.loads(p.read_text()) for p in sorted(folder.glob(f"{group}.rank*.json"))]
     return Job(code, output, ranks, folder)
 
