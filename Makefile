@@ -14,7 +14,9 @@ MULTIRANK_TIMEOUT ?= 1500
 MPIRUN    := timeout -k 10 $(MULTIRANK_TIMEOUT) mpirun -np 2 --oversubscribe --bind-to none \
              --map-by slot --mca btl self,vader,tcp
 HVDRUN    := timeout -k 10 $(MULTIRANK_TIMEOUT) horovodrun -np 2 -H localhost:2 --gloo
-PYTEST_MR := $(PY) -m pytest -q -p no:cacheprovider tests/multirank
+# make test leaves out the tests marked `full` (repeats of covered behaviour); make test-full runs them.
+PYTEST_MARK ?= -m "not full"
+PYTEST_MR := $(PY) -m pytest -q -p no:cacheprovider $(PYTEST_MARK) tests/multirank
 # Under horovodrun --gloo, make test keeps what depends on Horovod's Gloo back-end and on
 # horovodrun's process model (tests/README.md says why); make test-full runs all of multirank/.
 GLOO_TESTS := $(addprefix tests/multirank/,test_parity.py test_reliability.py test_agreement.py \
@@ -36,7 +38,7 @@ test: install
 
 # Everything, every multi-rank suite under every launcher (as make test did before 0.2).
 test-full: install
-	@$(MAKE) --no-print-directory run-suites RUN_SUITES="$(SUITES_FULL)"
+	@$(MAKE) --no-print-directory run-suites RUN_SUITES="$(SUITES_FULL)" PYTEST_MARK=
 
 run-suites:
 	@all=$$(date +%s); for suite in $(RUN_SUITES); do s=$$(date +%s); \
@@ -47,7 +49,7 @@ run-suites:
 # Both cores: the unit tests are independent (pytest-xdist, one worker per core).
 XDIST ?= -n 2
 test-unit:
-	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) tests --ignore=tests/multirank \
+	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) $(PYTEST_MARK) tests --ignore=tests/multirank \
 	  --ignore=tests/torchrun --ignore=tests/frameworks
 
 test-mpi:
@@ -55,7 +57,7 @@ test-mpi:
 	$(MPIRUN) $(PY) tests/multirank/exit_applies_updates.py
 
 test-gloo:
-	$(HVDRUN) $(PY) -m pytest -q -p no:cacheprovider $(GLOO_TESTS)
+	$(HVDRUN) $(PY) -m pytest -q -p no:cacheprovider $(PYTEST_MARK) $(GLOO_TESTS)
 	$(HVDRUN) $(PY) tests/multirank/exit_applies_updates.py
 
 test-gloo-full:
@@ -66,14 +68,14 @@ test-gloo-full:
 # its driver under torchrun (Lightning also under horovodrun) once and checks every case.
 # Each file's launches stay in one worker (--dist loadfile); two files run at once.
 test-frameworks:
-	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) --dist loadfile tests/frameworks
+	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) $(PYTEST_MARK) --dist loadfile tests/frameworks
 
 # The third launcher: tests/torchrun on the torch.distributed transport (Gloo, no Horovod), one
 # pytest per rank; --standalone picks a free port.  A test that runs past 300 s prints every
 # thread's stack.  The jobs that kill or desynchronise a rank are tests/jobs/test_torchrun_jobs.py.
 test-torchrun:
 	@start=$$(date +%s); timeout -k 10 $(MULTIRANK_TIMEOUT) torchrun --standalone \
-	  --nproc-per-node 2 -m pytest -q -p no:cacheprovider -o faulthandler_timeout=300 \
+	  --nproc-per-node 2 -m pytest -q -p no:cacheprovider $(PYTEST_MARK) -o faulthandler_timeout=300 \
 	  tests/torchrun && timeout -k 10 300 torchrun --standalone --nproc-per-node 4 -m pytest -q \
 	  -p no:cacheprovider tests/torchrun/test_sharded.py -k "one_nth or full_form"; status=$$?; \
 	echo "test-torchrun: $$(( $$(date +%s) - start )) s, exit status $$status"; exit $$status

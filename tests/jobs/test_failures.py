@@ -36,6 +36,8 @@ MPIRUN = [str(BIN / "mpirun") if (BIN / "mpirun").exists() else "mpirun", "-np",
           "--mca", "btl", "self,vader,tcp"]
 HVDRUN = [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo"]
 LAUNCHERS = {"mpi": MPIRUN, "gloo": HVDRUN}
+#: A repeat under another launcher or death of what make test already proves: make test-full's.
+FULL = pytest.mark.full
 
 
 #: Open MPI refuses root without these (CI and these machines run as root).
@@ -80,7 +82,8 @@ def _assert_the_job_failed_promptly(launcher: str, script: list[str], tmp_path: 
     assert not left, f"processes left behind: {left}"
 
 
-@pytest.mark.parametrize("launcher,mode", [("mpi", "raise"), ("mpi", "kill"), ("gloo", "kill")])
+@pytest.mark.parametrize("launcher,mode", [("mpi", "raise"), pytest.param("mpi", "kill", marks=FULL),
+                                           ("gloo", "kill")])
 def test_a_failed_peer_ends_every_rank_promptly_with_a_message(tmp_path, launcher, mode):
     _assert_the_job_failed_promptly(launcher, [str(HERE / "peer_failure.py"), mode], tmp_path,
                                     never="still training", messages=PEER_FAILED)
@@ -164,7 +167,7 @@ def test_hvd_shutdown_straight_after_an_overlapped_step_never_leaves_parameters_
     assert not (tmp_path / "leftovers").read_text(), "processes left behind"
 
 
-@pytest.mark.parametrize("launcher", ["mpi", "gloo"])
+@pytest.mark.parametrize("launcher", ["mpi", pytest.param("gloo", marks=FULL)])
 def test_enqueueing_while_horovod_shuts_down_fails_instead_of_deadlocking(tmp_path, launcher):
     """Rank 0 enqueues through ``comm.submit`` without pause while rank 1 raises.  Horovod
     0.28.1's own ``allreduce_async_`` deadlocks here (GIL vs. its process-set mutex; the
@@ -198,8 +201,11 @@ def _ended_at(pid_dir: Path, rank: int) -> tuple[int, float]:
 #: mpirun --mca orte_abort_on_non_zero_status 0, as in the issue (with it Open MPI 4.1 itself
 #: never returns after a SIGKILL); ``hide`` is unnoticed.sh; a stopped process (SIGSTOP) is
 #: alive for every launcher and silent for its peers.
-DEATHS = [("mpi", "exit", "no-abort"), ("mpi", "kill", "hide"), ("gloo", "exit", "hide"),
-          ("gloo", "kill", "hide"), ("mpi", "stop", ""), ("gloo", "stop", "")]
+#: make test keeps one closed connection and one silent peer per launcher's back-end pair
+#: (mpi kill, gloo kill, mpi stop); the other deaths are make test-full's.
+DEATHS = [pytest.param("mpi", "exit", "no-abort", marks=FULL), ("mpi", "kill", "hide"),
+          pytest.param("gloo", "exit", "hide", marks=FULL), ("gloo", "kill", "hide"),
+          ("mpi", "stop", ""), pytest.param("gloo", "stop", "", marks=FULL)]
 
 
 @pytest.mark.parametrize("launcher,mode,unnoticed", DEATHS)
@@ -241,7 +247,7 @@ def test_a_dead_peer_ends_the_job_within_30_s_when_the_launcher_does_not_notice(
     assert not left, f"processes left behind: {left}"
 
 
-@pytest.mark.parametrize("launcher", ["mpi", "gloo"])
+@pytest.mark.parametrize("launcher", ["mpi", pytest.param("gloo", marks=FULL)])
 def test_a_peer_that_is_alive_but_late_is_not_declared_dead(tmp_path, launcher):
     """Rank 1 computes for 8 s at step 3, four times the liveness timeout set here (2 s):
     rank 0 logs today's stall warning (after DCREDIT_STALL_SECONDS=3) and nothing else, and
@@ -262,7 +268,7 @@ def test_a_peer_that_is_alive_but_late_is_not_declared_dead(tmp_path, launcher):
     assert not (tmp_path / "leftovers").read_text(), "processes left behind"
 
 
-@pytest.mark.parametrize("death", ["exit", "kill"])
+@pytest.mark.parametrize("death", [pytest.param("exit", marks=FULL), "kill"])
 def test_elastic_a_dead_worker_leads_to_a_reset_not_an_exit(tmp_path, death):
     """Under ``hvd.elastic.run`` a worker that ``os._exit``s or is SIGKILLed is recovered by
     Horovod's reset (its HorovodInternalError), promptly, never by PeerLostError and an exit;

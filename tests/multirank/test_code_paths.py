@@ -26,6 +26,7 @@ import torch
 
 import code_path_cases as shared
 from conftest import assert_all_ranks
+from grids import alternating_model_grid
 
 
 def compiled(run: shared.Runner) -> list[torch.Tensor]:
@@ -82,9 +83,8 @@ def _same_on_every_rank(params: list[torch.Tensor]) -> bool:
     return bool((gathered == gathered[0]).all())
 
 
-@pytest.mark.parametrize("with_model", [True, False], ids=["model", "no-model"])
-@pytest.mark.parametrize("policy", shared.POLICIES)
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name, policy, with_model",
+                         alternating_model_grid(list(CASES), list(shared.POLICIES)))
 def test_code_path_matches_the_reference_on_every_rank(name: str, policy: str,
                                                        with_model: bool) -> None:
     run = shared.Runner(shared.dcredit_wrap(policy, with_model), hvd.rank())

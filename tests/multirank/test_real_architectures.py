@@ -17,6 +17,7 @@ import torch
 import dcredit_hvd
 
 from conftest import assert_all_ranks
+from grids import alternating_model_grid
 from hf_models import ARCHITECTURES, batches, build
 
 STEPS = 8
@@ -75,10 +76,8 @@ def _same_on_every_rank(params: list[torch.Tensor]) -> bool:
     return bool((gathered == gathered[0]).all())
 
 
-@pytest.mark.parametrize("with_model", [True, False], ids=["model", "no-model"])
-@pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS))
-@pytest.mark.parametrize("policy", POLICIES)
-@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+@pytest.mark.parametrize("name, policy, opt_name, with_model", alternating_model_grid(
+    sorted(ARCHITECTURES), POLICIES, (sorted(OPTIMIZERS),)))
 def test_real_architecture_matches_plain_horovod_on_every_rank(name, policy, opt_name,
                                                                with_model):
     expected = reference(name, opt_name)

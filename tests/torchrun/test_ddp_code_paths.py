@@ -23,6 +23,7 @@ import torch
 
 import code_path_cases as shared
 from conftest import ManualAllreduce, assert_all_ranks, ddp, gather, rank, same_on_every_rank
+from grids import alternating_model_grid
 
 #: DDP leaves ``grad`` None for a parameter no rank used in a step (a dropped layer, an expert
 #: nobody routed to), where Horovod and dcredit_hvd send zeros: those cases are checked
@@ -46,9 +47,8 @@ def reference(name: str) -> list[torch.Tensor]:
     return shared.run_quietly(case, run)
 
 
-@pytest.mark.parametrize("with_model", [True, False], ids=["model", "no-model"])
-@pytest.mark.parametrize("policy", shared.POLICIES)
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name, policy, with_model",
+                         alternating_model_grid(list(CASES), list(shared.POLICIES)))
 def test_code_path_matches_the_reference_on_every_rank(name: str, policy: str,
                                                        with_model: bool) -> None:
     run = shared.Runner(shared.dcredit_wrap(policy, with_model, transport="torch.distributed"),

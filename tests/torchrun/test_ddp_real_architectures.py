@@ -19,6 +19,7 @@ import torch
 import dcredit_hvd
 
 from conftest import assert_all_ranks, ddp, rank, same_on_every_rank
+from grids import alternating_model_grid
 from hf_models import batches, build
 
 STEPS = 8
@@ -79,9 +80,8 @@ def _mismatch(got: list[torch.Tensor], expected: list[torch.Tensor]) -> str:
     return "" if len(got) == len(expected) else "parameter count differs"
 
 
-@pytest.mark.parametrize("with_model", [True, False], ids=["model", "no-model"])
-@pytest.mark.parametrize("policy", POLICIES)
-@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+@pytest.mark.parametrize("name, policy, with_model",
+                         alternating_model_grid(sorted(ARCHITECTURES), POLICIES))
 def test_real_architecture_matches_ddp_on_every_rank(name: str, policy: str,
                                                      with_model: bool) -> None:
     expected = reference(name)
