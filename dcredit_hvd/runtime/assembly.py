@@ -18,7 +18,7 @@ from .gathers import Gathers, check_split
 from .gradients import GradientPath
 from .instrument import Instrumentation, log, setup_logging
 from .lifecycle import PlanLifecycle
-from .overlap import Overlap, apply_at_exit
+from .overlap import Overlap
 from .readguard import ReadGuard
 from .scheduler import BlockScheduler
 from .state import OptimizerState
@@ -112,8 +112,7 @@ def assemble(opt: torch.optim.Optimizer, base: type, state: OptimizerState,
     _register_hooks(state, parts, model)
     instances.register(opt, state.prefix, state.requires_update)
     weakref.finalize(opt, lifetime.collected, state.hooks)
-    if state.overlap:
-        atexit.register(apply_at_exit, weakref.ref(opt))
+    atexit.register(lifetime.at_exit, weakref.ref(opt))
     if instrument.on_rank0() is not None:
         blocks = sum(len(t.blocks) for t in state.layouts)
         log.info("%s; policy %s; %d tensors, %d blocks, %d bytes per iteration",

@@ -5,11 +5,20 @@ optimizers").  No collective runs here, so ranks may close at different moments.
 from __future__ import annotations
 
 import gc
+import logging
 import warnings
 from typing import Any
 
 from . import instances
+from .overlap import apply_at_exit
 from .state import Hooks, OptimizerState
+
+log = logging.getLogger("dcredit_hvd")
+
+#: How long the exit waits for the collectives still in flight: in all, and without one of
+#: them finishing (a peer that took another path will never issue the rest).
+EXIT_SETTLE_SECONDS = 10.0
+EXIT_PATIENCE_SECONDS = 2.0
 
 DETACHED = (
     "dcredit_hvd: a new DistributedOptimizer was built over {count} parameter(s) that an older "
@@ -29,6 +38,31 @@ def collected(hooks: Hooks) -> None:
     updates keep it alive): its hooks go; its idle completion thread ends by itself.  Nothing
     here takes a lock: a finalizer may run in any thread, inside any critical section."""
     hooks.remove()
+
+
+def at_exit(ref: Any) -> None:
+    """The interpreter is exiting (``atexit``, registered for every optimizer; it runs before
+    the process group is destroyed): apply what the last step owes (``model=``), let the
+    collectives in flight finish (``EXIT_SETTLE_SECONDS``, ``EXIT_PATIENCE_SECONDS``), then end the completion
+    threads.  A script that raised between ``backward()`` and ``step()`` leaves blocks in flight
+    and a completion thread polling them inside torch; Python 3.11 ends such a daemon thread at
+    finalization with ``pthread_exit``, which aborts the process in C++ (``terminate called
+    without an active exception``, SIGABRT) instead of exiting with the script's traceback."""
+    opt = ref()
+    if opt is None:
+        return
+    state = opt._state
+    if not state.enabled or state.closed is not None:
+        return
+    if state.overlap and state.step_in_flight:
+        apply_at_exit(opt)
+    schedulers = [state.scheduler] + ([state.gathers.scheduler] if state.gathers else [])
+    left = sum(s.settle(EXIT_SETTLE_SECONDS, EXIT_PATIENCE_SECONDS) for s in schedulers)
+    if left:
+        log.warning("dcredit_hvd: %d collective(s) still in flight at exit, abandoned (the "
+                    "other ranks did not issue them: the last iteration did not end)", left)
+    for scheduler in schedulers:
+        scheduler.close()
 
 
 def take_over(state: OptimizerState, stacklevel: int) -> None:

@@ -34,14 +34,12 @@ def compiled(model: torch.nn.Module) -> bool:
                for m in model.modules())
 
 
-def apply_at_exit(ref) -> None:
+def apply_at_exit(opt: Any) -> None:
     """A script that ends right after its last step() still ends with every update applied."""
-    opt = ref()
-    if opt is not None and opt._step_in_flight:
-        try:
-            opt.apply_pending_updates()
-        except Exception as exc:  # the interpreter is exiting: report, do not mask the exit
-            log.error("dcredit_hvd: the last step's updates could not be applied at exit: %s", exc)
+    try:
+        opt.apply_pending_updates()
+    except Exception as exc:  # the interpreter is exiting: report, do not mask the exit
+        log.error("dcredit_hvd: the last step's updates could not be applied at exit: %s", exc)
 
 
 class Overlap:

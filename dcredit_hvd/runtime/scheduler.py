@@ -210,9 +210,31 @@ class BlockScheduler:
         return self._outstanding
 
     @property
+    def in_flight(self) -> int:
+        """Blocks handed to the transport and not yet finished (``outstanding`` less the queue)."""
+        return len(self._inflight)
+
+    @property
     def liveness(self) -> Optional[Liveness]:
         """The peers' liveness channel this scheduler's waits wake on (shared: ``gathers``)."""
         return self._liveness
+
+    def settle(self, timeout: float, patience: float) -> int:
+        """Wait for the blocks in flight to finish: at most ``timeout`` seconds, and no longer
+        than ``patience`` seconds without one finishing (a peer that will never issue them);
+        the number still in flight."""
+        now = time.monotonic()
+        deadline, progress = now + timeout, now
+        with self._cond:
+            left = len(self._inflight)
+            while left and self._error is None and not self._closed:
+                now = time.monotonic()
+                if now >= deadline or now - progress >= patience:
+                    break
+                self._cond.wait(timeout=0.1)
+                if len(self._inflight) < left:
+                    left, progress = len(self._inflight), time.monotonic()
+            return len(self._inflight)
 
     def close(self) -> None:
         with self._cond:

@@ -12,6 +12,7 @@ import importlib.util
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import horovod.torch as hvd
@@ -261,6 +262,28 @@ def test_completion_threads_end_with_their_optimizer():
     time.sleep(scheduler.IDLE_EXIT_SECONDS + 1.0)    # idle completion threads end
     after = len(completion_threads())
     assert_all_ranks(after <= before, f"{after - before} completion thread(s) outlived their optimizer")
+
+
+def test_exit_lets_a_failed_iterations_blocks_finish_and_ends_the_completion_thread():
+    """A script that raised between ``backward()`` and ``step()``: the exit
+    (``lifetime.at_exit``, run by ``atexit``) waits for the blocks in flight and ends the
+    completion thread, so none polls inside Horovod when the interpreter finalizes (Python
+    3.11 would end it with ``pthread_exit``: SIGABRT).  The torch.distributed twin is in
+    ``tests/torchrun/test_torchrun_dropin.py``."""
+    from dcredit_hvd.runtime import lifetime
+
+    model = net()
+    opt = wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, "rel.exit", with_model=False,
+               policy="bytescheduler", credit_bytes=1024, race_amplifier=0.005)
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(hvd.rank()))
+    F.cross_entropy(model(x), torch.zeros(8, dtype=torch.long)).backward()   # no step()
+    sched = opt._state.scheduler
+    in_flight = sched.in_flight
+    lifetime.at_exit(weakref.ref(opt))
+    alive = sched._thread is not None and sched._thread.is_alive()
+    assert_all_ranks(in_flight > 0 and sched.in_flight == 0 and not alive,
+                     f"in flight before the exit {in_flight}, after it {sched.in_flight}, "
+                     f"completion thread alive: {alive}")
 
 
 # -- configuration errors that need a model and two ranks -----------------------------------------

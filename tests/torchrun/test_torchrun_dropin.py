@@ -261,3 +261,31 @@ def test_a_resume_from_a_broadcast_checkpoint_ends_where_ddps_resume_ends(
     got = _resume(checkpoint, data[BEFORE:], ours=True, with_model=with_model)
     assert_all_ranks(params_close(got, expected),
                      f"after resume: max rel diff {max_rel_diff(got, expected)}")
+
+
+@pytest.mark.parametrize("shard", [False, True], ids=["plain", "shard"])
+def test_exit_lets_a_failed_iterations_collectives_finish_and_ends_the_completion_thread(
+        shard: bool) -> None:
+    """A script that raises between ``backward()`` and ``step()`` leaves blocks in flight; the
+    exit (``lifetime.at_exit``, what ``atexit`` runs) waits for them and ends the completion
+    thread, so no thread of ours polls inside torch when the interpreter finalizes (Python
+    3.11 would end it with ``pthread_exit``: SIGABRT, ``terminate called``)."""
+    import weakref
+
+    from dcredit_hvd.runtime import lifetime
+
+    model = make_model()                  # the same code path on every rank: all can finish
+    opt: Any = dcredit_hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.05), named_parameters=model.named_parameters(),
+        transport="torch.distributed", policy="bytescheduler", shard=shard,
+        race_amplifier=0.005, **({} if shard else SMALL))
+    x, y = batches(1, rank=rank())[0][0]
+    F.cross_entropy(model(x), y).backward()          # no step(): the user's script raised here
+    scheduler = opt._state.scheduler
+    in_flight = scheduler.in_flight
+    lifetime.at_exit(weakref.ref(opt))
+    thread = scheduler._thread
+    assert_all_ranks(in_flight > 0 and scheduler.in_flight == 0
+                     and (thread is None or not thread.is_alive()),
+                     f"in flight before the exit {in_flight}, after it {scheduler.in_flight}, "
+                     f"completion thread alive: {thread is not None and thread.is_alive()}")
