@@ -58,8 +58,13 @@ def vcluster(*args: str, timeout: float = 90, **extra: str) -> subprocess.Comple
 
 
 def probes(out: str) -> list[dict]:
-    found = [json.loads(line.split("PROBE ", 1)[1]) for line in out.splitlines()
-             if "PROBE " in line]
+    """Every rank's ``PROBE {...}``, wherever it starts: mpirun forwards each rank's output in
+    pieces, so two ranks' lines can share one line of ``out``."""
+    decoder, found, at = json.JSONDecoder(), [], out.find("PROBE ")
+    while at >= 0:
+        probe, end = decoder.raw_decode(out, at + len("PROBE "))
+        found.append(probe)
+        at = out.find("PROBE ", end)
     return sorted(found, key=lambda p: p["rank"])
 
 
