@@ -72,7 +72,8 @@ def launch(model: str, hosts: int, target: str, args: argparse.Namespace, k: flo
            "timeout", "-k", "10", str(args.timeout), "horovodrun", "-np", str(hosts), "-H", spec,
            "--gloo", sys.executable, "-m", "dcredit_hvd.emulate", "--profile", model,
            "--target-rate", target, "--byte-scale", str(d.byte_scale), "--policy", args.policies,
-           "--warmup", str(args.warmup), "--iters", str(args.iters), "--json", str(out)]
+           "--warmup", str(args.warmup), "--iters", str(args.iters), "--json", str(out),
+           *(["--tune-rounds", args.tune_rounds] if args.tune_rounds else [])]
     env = dict(os.environ, HOROVOD_FUSION_THRESHOLD=fusion, DCREDIT_LOG_LEVEL="WARNING",
                PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
                OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
@@ -304,6 +305,8 @@ def main() -> int:
                    help="the emulated bench's --policy of every cell, names listed below")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--tune-rounds", default=None,
+                   help="iterations per round of dcredit's race, e.g. 4,8 (default the config's)")
     p.add_argument("--timeout", type=int, default=1500)
     p.add_argument("--nice", type=int, default=-10,
                    help="niceness of the emulated hosts (default -10: on a shared machine other "

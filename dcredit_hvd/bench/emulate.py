@@ -60,6 +60,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"comma-separated row names, listed below (default {POLICIES})")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--tune-rounds", default=None,
+                   help="iterations per round of dcredit's race (tune_rounds), e.g. 4,8; the "
+                   "race runs to its end before a dcredit row is timed (default: the config's)")
     p.add_argument("--slack", type=float, default=0.005,
                    help="wall seconds of CPU delay the replay clock absorbs (replay.ReplayClock)")
     p.add_argument("--json", default=None)
@@ -70,6 +73,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--warmup {args.warmup} --iters {args.iters}: both must be at least 1 (the "
                 "last warm-up iteration leaves the link as the timed ones find it)")
     args.policies = [x.strip() for x in args.policy.split(",") if x.strip()]
+    if args.tune_rounds is not None:
+        try:
+            args.tune_rounds = tuple(int(x) for x in args.tune_rounds.split(","))
+        except ValueError:
+            p.error(f"--tune-rounds {args.tune_rounds!r}: give whole numbers, e.g. 4,8")
     for policy in map(PolicyName.parse, args.policies):
         if policy.baseline and policy.name != policy.base:
             p.error(f"--policy {policy.name}: the -sync and -td suffixes apply to dcredit_hvd's "
@@ -163,7 +171,7 @@ class Runner:
 
 
 def make_step(policy: str, model: Any, hvd: Any, dilation: replay.Dilation,
-              x: Any, spin: IdleSpin) -> tuple[Callable[[], None], Any]:
+              x: Any, spin: IdleSpin, tune_rounds: Any = None) -> tuple[Callable[[], None], Any]:
     """The training step of ``policy`` on the replay model, and its optimizer."""
     import torch
 
@@ -181,6 +189,8 @@ def make_step(policy: str, model: Any, hvd: Any, dilation: replay.Dilation,
         sizes = {} if name.base == "dcredit" else {
             "partition_bytes": dilation.scaled_bytes(PARTITION_BYTES),
             "credit_bytes": dilation.scaled_bytes(CREDIT_BYTES)}
+        if name.base == "dcredit" and tune_rounds:
+            sizes = {"tune_rounds": tune_rounds}
         if name.base == "dear":             # DeAR's 25 MiB buffers, scaled like the tensors
             sizes = {"group_bytes": dilation.scaled_bytes(DEAR_BUFFER_BYTES)}
         elif name.shard:                    # the sharded mode's fixed partition, scaled
@@ -207,6 +217,31 @@ def make_step(policy: str, model: Any, hvd: Any, dilation: replay.Dilation,
         for _ in range(config.profile_warmup + config.profile_steps + 1):
             step()              # dcredit profiles, then plans: before the timed iterations
     return step, opt
+
+
+#: Iterations a dcredit row may race before it is timed (the default rounds take at most 234).
+RACE_CAP = 2000
+
+
+def run_race(opt: Any, step: Callable[[], None], dilation: replay.Dilation) -> dict[str, Any]:
+    """Step until ``dcredit``'s race is over, so that the timed iterations are its winner's
+    steady state; what the race took and cost, in cluster time ({} when nothing raced)."""
+    if not getattr(opt, "racing", False):
+        return {}
+    began, n = time.perf_counter(), 0
+    while opt.racing:
+        if n == RACE_CAP:
+            raise RuntimeError(f"dcredit's race did not end within {RACE_CAP} iterations")
+        step()
+        n += 1
+    race = opt.races[-1]
+    ms = dilation.cluster(1e-3) * 1e3          # wall ms -> cluster ms
+    table = [{**row, **{k: None if row[k] is None else row[k] * ms
+                        for k in ("predicted_ms", "measured_ms", "stderr_ms")}}
+             for row in race["table"]]
+    return {"winner": race["winner"], "iterations": n, "table": table,
+            "cluster_ms": dilation.cluster(time.perf_counter() - began) * 1e3,
+            "cost_ms": dilation.cluster(race["cost_s"]) * 1e3}
 
 
 def communication_step(model: Any, hvd: Any, poll_seconds: float) -> Callable[[], None]:
@@ -301,8 +336,11 @@ def main(argv: list[str] | None = None) -> int:
         init_gloo_process_group(hvd)
     kept: dict[str, Any] = {}
     for policy in args.policies:
-        step, opt = make_step(policy, fresh(), hvd, dilation, x, runner.spin)
+        step, opt = make_step(policy, fresh(), hvd, dilation, x, runner.spin, args.tune_rounds)
+        race = run_race(opt, step, dilation)
         results["policies"][policy] = runner.run(policy, step)
+        if race:
+            results["policies"][policy]["race"] = race
         kept[policy] = kept_of(opt)
         results["policies"][policy]["setup"] = describe(kept[policy])
         del step, opt

@@ -151,6 +151,27 @@ def speedups(results: dict[str, Any]) -> dict[str, dict[str, float]]:
     return out
 
 
+def print_races(results: dict[str, Any]) -> None:
+    """Each dcredit row's race (run to its end before the row was timed), in cluster time: its
+    table, the winner, and its cost against running the winner from the start, also as a share
+    of a 1,000-iteration run at the row's measured steady state."""
+    for name, run in results["policies"].items():
+        race = run.get("race")
+        if not race:
+            continue
+        share = race["cost_ms"] / (1000 * run["ms_mean"])
+        print(f"\nrace of {name}: {race['winner']} won after {race['iterations']} iterations "
+              f"({race['cluster_ms'] / 1e3:.1f} s cluster); cost {race['cost_ms']:.0f} ms = "
+              f"{100 * share:.2f}% of a 1,000-iteration run")
+        print(f"  {'candidate':<40}{'predicted':>10}{'measured':>10}{'stderr':>8}{'iters':>6}  verdict")
+        for row in race["table"]:
+            def ms(x: Any) -> str:
+                return "-" if x is None else f"{x:.1f}"
+            print(f"  {row['candidate']:<40}{ms(row['predicted_ms']):>10}"
+                  f"{ms(row['measured_ms']):>10}{ms(row['stderr_ms']):>8}{row['iterations']:>6}"
+                  f"  {row['verdict']}")
+
+
 def print_report(results: dict[str, Any]) -> None:
     """The table and the checks, rank 0."""
     b = results["bounds"]
@@ -184,6 +205,7 @@ def print_report(results: dict[str, Any]) -> None:
         print(f"{name:<{width}}{run['ms_mean']:>9.1f}{run['x_bound']:>9.2f}{cols}"
               f"{(f'{sim:.1f}' if sim else '-'):>11}{err:>8}"
               f"{100 * run['job_cpu_fraction']:>8.0f}%{100 * run['machine_busy_fraction']:>8.0f}%")
+    print_races(results)
     print("\nfidelity checks:")
     for key, c in results["checks"].items():
         if key == "cpu":

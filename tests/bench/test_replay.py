@@ -520,6 +520,34 @@ def test_emulate_refuses_no_warmup_or_no_iterations(capsys) -> None:
     assert emulate.parse_args([*base, "--warmup", "1", "--iters", "1"]).warmup == 1
 
 
+def test_emulate_takes_the_race_rounds_as_whole_numbers(capsys) -> None:
+    from dcredit_hvd.bench import emulate
+
+    base = ["--profile", "vgg16", "--target-rate", "10gbit", "--link-rate", "100mbit",
+            "--byte-scale", "25"]
+    assert emulate.parse_args([*base, "--tune-rounds", "4,8"]).tune_rounds == (4, 8)
+    assert emulate.parse_args(base).tune_rounds is None
+    with pytest.raises(SystemExit):
+        emulate.parse_args([*base, "--tune-rounds", "4,many"])
+    assert "give whole numbers" in capsys.readouterr().err
+
+
+def test_race_report_prices_the_race_against_a_thousand_iterations_of_the_row(capsys) -> None:
+    from dcredit_hvd.bench import emulate_report
+
+    row = {"candidate": "dcredit #1 (incumbent)", "predicted_ms": 90.0, "measured_ms": 100.0,
+           "stderr_ms": 1.5, "iterations": 24, "verdict": "won"}
+    results = {"policies": {"horovod": {"ms_mean": 120.0},
+                            "dcredit": {"ms_mean": 100.0, "race": {
+                                "winner": "dcredit #1 (incumbent)", "iterations": 60,
+                                "cluster_ms": 6400.0, "cost_ms": 250.0, "table": [row]}}}}
+    emulate_report.print_races(results)
+    out = capsys.readouterr().out
+    assert "race of dcredit: dcredit #1 (incumbent) won after 60 iterations (6.4 s cluster)" in out
+    assert "cost 250 ms = 0.25% of a 1,000-iteration run" in out        # 250 / (1000 * 100)
+    assert "race of horovod" not in out and "won" in out.splitlines()[-1]
+
+
 def test_gpt2_bound_counts_the_tied_embedding() -> None:
     from dcredit_hvd.bench import emulate_report
 
