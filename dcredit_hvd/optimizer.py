@@ -226,11 +226,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return list(self._state.races)
 
     @property
-    def racing(self) -> bool:
-        """A race of candidate schedules is running (``tune=True``, after each plan)."""
-        return self._state.enabled and self._state.race is not None
-
-    @property
     def replans(self) -> list[dict]:
         """Online re-plans so far (``drift.py``): iteration, time, reason and the new plan."""
         return self._state.replans

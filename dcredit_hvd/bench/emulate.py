@@ -226,10 +226,14 @@ RACE_CAP = 2000
 def run_race(opt: Any, step: Callable[[], None], dilation: replay.Dilation) -> dict[str, Any]:
     """Step until ``dcredit``'s race is over, so that the timed iterations are its winner's
     steady state; what the race took and cost, in cluster time ({} when nothing raced)."""
-    if not getattr(opt, "racing", False):
+    def racing() -> bool:        # the race in progress (the runtime's state: this package's own)
+        state = getattr(opt, "_state", None)
+        return state is not None and state.enabled and state.race is not None
+
+    if not racing():
         return {}
     began, n = time.perf_counter(), 0
-    while opt.racing:
+    while racing():
         if n == RACE_CAP:
             raise RuntimeError(f"dcredit's race did not end within {RACE_CAP} iterations")
         step()

@@ -306,6 +306,14 @@ def scheduled_run(log_path: Path) -> list[str]:
     return missed
 
 
+def default_signals() -> None:
+    """The script as a terminal starts it: a job started with ``&`` by a non-interactive shell
+    (``nohup make test &``) inherits SIGINT ignored, and bash cannot trap a signal ignored on
+    entry, so the SIGINT case would wait for ``sleep 60``."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 @ROOT_ONLY
 def test_rate_scheduler_removed_on_early_end_failure_sigterm_and_sigint() -> None:
     """Changes due long after COMMAND ends are dropped with the rest: no scheduler, no sleep,
@@ -314,7 +322,7 @@ def test_rate_scheduler_removed_on_early_end_failure_sigterm_and_sigint() -> Non
         return subprocess.Popen([str(VCLUSTER), "--rate-schedule", "1gbit,200mbit@30,1gbit@60",
                                  "2", RATE, "--", "bash", "-c", command],
                                 env=env(VCLUSTER_TEST_MARK=token), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE)
+                                stderr=subprocess.PIPE, preexec_fn=default_signals)
 
     def scheduler_sleeps(token: str) -> bool:      # a sleep beside COMMAND's own
         return any(cmd.startswith("sleep ") and "60" not in cmd for cmd in marked(token))
