@@ -165,11 +165,16 @@ class SchedulerConfig:
     #: ``DCREDIT_TUNE`` (1/0), ``DCREDIT_TUNE_ROUNDS`` ("8,16,32"), ``DCREDIT_TUNE_DROP``,
     #: ``DCREDIT_TUNE_MARGIN``.  ``tune_force`` (``DCREDIT_TUNE_FORCE``), for tests only: the
     #: candidate whose label starts with it wins, so that a switch is exercised.
+    #: ``tune_byte_scale`` (``DCREDIT_TUNE_BYTE_SCALE``): every byte setting of the race's
+    #: baselines (ByteScheduler's partition and credit, DDP's 25 MiB buckets) divided by it, for
+    #: an emulated cluster whose gradients are 1/S of their size (``bench/emulate.py``); 1 on a
+    #: real cluster.
     tune: bool = True
     tune_rounds: tuple = (8, 16, 32)
     tune_drop: int = 2
     tune_margin: float = 0.03
     tune_force: str = ""
+    tune_byte_scale: float = 1.0
     #: ``dcredit``: rank 0 writes the measured profile, cost model and plan to this JSON file
     #: (read by ``python -m dcredit_hvd plan --profile``).  ``DCREDIT_PROFILE_OUT``.
     profile_out: Optional[str] = None
@@ -225,6 +230,7 @@ class SchedulerConfig:
         "tune_drop": "DCREDIT_TUNE_DROP",
         "tune_margin": "DCREDIT_TUNE_MARGIN",
         "tune_force": "DCREDIT_TUNE_FORCE",
+        "tune_byte_scale": "DCREDIT_TUNE_BYTE_SCALE",
         "cuda_staging": "DCREDIT_CUDA_STAGING",
         "race_amplifier": "DCREDIT_RACE_AMPLIFIER",
         **_LIVENESS_ENV,
@@ -326,6 +332,8 @@ class SchedulerConfig:
             return margin
         if name == "tune_force":
             return str(value).strip()
+        if name == "tune_byte_scale":
+            return _parse_float(value, what, 1.0 - 1e-12)   # >= 1
         if name in ("replan", "shard", "tune"):
             switch = _parse_switch(value, what)
             if switch is None:

@@ -186,11 +186,12 @@ def make_step(policy: str, model: Any, hvd: Any, dilation: replay.Dilation,
     elif policy == "horovod":
         opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
     elif policy != "compute":
-        sizes = {} if name.base == "dcredit" else {
+        # dcredit's race runs the baselines with the target's byte settings, scaled like these.
+        sizes = {"tune_byte_scale": dilation.byte_scale} if name.base == "dcredit" else {
             "partition_bytes": dilation.scaled_bytes(PARTITION_BYTES),
             "credit_bytes": dilation.scaled_bytes(CREDIT_BYTES)}
         if name.base == "dcredit" and tune_rounds:
-            sizes = {"tune_rounds": tune_rounds}
+            sizes["tune_rounds"] = tune_rounds
         if name.base == "dear":             # DeAR's 25 MiB buffers, scaled like the tensors
             sizes = {"group_bytes": dilation.scaled_bytes(DEAR_BUFFER_BYTES)}
         elif name.shard:                    # the sharded mode's fixed partition, scaled

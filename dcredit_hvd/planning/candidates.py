@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 from ..policies import WFBP, ByteScheduler, DCredit, Immediate, Policy
-from ..policies.ddp import DDPBuckets
+from ..policies.ddp import DDP_BUCKET_BYTES, DDPBuckets
 from . import simulator
 from .costmodel import CostModel
 from .plan import Plan
@@ -47,6 +47,7 @@ class Schedule:
     plan: Optional[Plan] = None       # dcredit only
     partition_bytes: Optional[int] = None
     credit_bytes: int = 0
+    bucket_bytes: int = DDP_BUCKET_BYTES   # ddp only
     #: The simulator's steady-state iteration, and its all-reduces per iteration.
     predicted_s: Optional[float] = None
     ops_per_iteration: float = 0.0
@@ -62,7 +63,7 @@ class Schedule:
         if self.policy == "wfbp":
             return WFBP()
         if self.policy == "ddp":
-            return DDPBuckets()
+            return DDPBuckets(self.bucket_bytes)
         if self.policy == "immediate":
             return Immediate()
         raise ValueError(f"schedule {self.label!r}: unknown policy {self.policy!r}")
@@ -75,7 +76,7 @@ class Schedule:
     def key(self) -> tuple:
         """What ranks compare to agree on a candidate list (``runtime/race.py``)."""
         plan = self.plan
-        return (self.label, self.policy, self.partition_bytes, self.credit_bytes,
+        return (self.label, self.policy, self.partition_bytes, self.credit_bytes, self.bucket_bytes,
                 None if plan is None else (plan.partition_bytes, plan.windows, plan.groups,
                                            plan.phase2_group, plan.phase2_depth,
                                            plan.gather_order))
@@ -83,11 +84,13 @@ class Schedule:
 
 def schedules(ranked: tuple[Any, ...], profile: Profile, cost: CostModel, *,
               overlap_forward: bool, partition_bytes: int, credit_bytes: int, shard: bool,
-              sim: dict) -> list[Schedule]:
+              sim: dict, byte_scale: float = 1.0) -> list[Schedule]:
     """The race's candidates: the simulator's ``TOP_PLANS`` best D-Credit plans (``ranked``:
     ``SimResult``s, best first; the first is the incumbent), then every baseline the runtime
     can express here, each simulated with ``sim`` (``simulator.simulate``'s keywords: cycle,
-    block overhead, shard, workers, the halves' costs), as the plans were."""
+    block overhead, shard, workers, the halves' costs), as the plans were.  The baselines'
+    byte settings are divided by ``byte_scale`` (``config.tune_byte_scale``: an emulated
+    cluster's 1/S gradients), except a sharded job's partition, which is the job's."""
     out = []
     for k, result in enumerate(ranked[:TOP_PLANS]):
         plan = result.plan
@@ -95,12 +98,17 @@ def schedules(ranked: tuple[Any, ...], profile: Profile, cost: CostModel, *,
                             plan=plan, partition_bytes=plan.partition_bytes,
                             predicted_s=result.iteration_s,
                             ops_per_iteration=result.ops_per_iteration))
-    baselines = [Schedule("bytescheduler", "bytescheduler", partition_bytes=partition_bytes,
-                          credit_bytes=credit_bytes)]
+    def scaled(nbytes: int) -> int:
+        return max(1, round(nbytes / byte_scale))
+
+    baselines = [Schedule("bytescheduler", "bytescheduler",
+                          partition_bytes=partition_bytes if shard else scaled(partition_bytes),
+                          credit_bytes=scaled(credit_bytes))]
     if shard:
         baselines.append(Schedule("immediate", "immediate", partition_bytes=partition_bytes))
     else:
-        baselines += [Schedule("wfbp/horovod", "wfbp"), Schedule("ddp", "ddp")]
+        baselines += [Schedule("wfbp/horovod", "wfbp"),
+                      Schedule("ddp", "ddp", bucket_bytes=scaled(DDP_BUCKET_BYTES))]
     for s in baselines:
         result = simulator.simulate(profile, cost, s.policy_object(overlap_forward),
                                     partition_bytes=s.partition_bytes,

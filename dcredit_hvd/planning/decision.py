@@ -73,7 +73,8 @@ def decide_race(profile: Profile, cost: CostModel, config: SchedulerConfig, *,
     sim = _sim_keywords(config, overlap_forward, workers, halves)
     found = candidates.schedules(ranked, profile, cost, overlap_forward=overlap_forward,
                                  partition_bytes=config.partition_bytes,
-                                 credit_bytes=config.credit_bytes, shard=config.shard, sim=sim)
+                                 credit_bytes=config.credit_bytes, shard=config.shard, sim=sim,
+                                 byte_scale=config.tune_byte_scale)
     return plan, profile, search, found
 
 

@@ -50,7 +50,7 @@ class PlanLifecycle:
                                    overlap_forward=state.overlap,
                                    buffer_bytes=(config.group_bytes if config.explicit("group_bytes")
                                                  else None))
-        state.plan = state.measured = state.race = None
+        state.plan = state.measured = state.race = state.schedule_partition = None
         # dcredit profiles the live job first (under bytescheduler rules), then plans.
         state.profiler = (StepProfiler(config.profile_warmup, config.profile_steps)
                           if config.policy == "dcredit" else None)
@@ -112,7 +112,8 @@ class PlanLifecycle:
         state = self.state
         if state.plan is not None:
             return state.plan.partition_bytes
-        return state.policy.partition_bytes(state.config.partition_bytes)
+        configured = state.schedule_partition or state.config.partition_bytes
+        return state.policy.partition_bytes(configured)
 
     # -- the plan ----------------------------------------------------------------------------
     def install_plan(self) -> None:
@@ -166,7 +167,7 @@ class PlanLifecycle:
     def _switch(self, plan, profile, cost) -> None:
         """Every rank: the plan's policy and units in force, checked across ranks."""
         state = self.state
-        state.plan = plan
+        state.plan, state.schedule_partition = plan, None
         state.measured = (profile, cost)
         if state.overlap:
             self.instrument.time_layers(state.timeline is not None)
@@ -191,6 +192,7 @@ class PlanLifecycle:
         """Every rank, between iterations: one of the race's candidates in force."""
         state = self.state
         state.plan = schedule.plan
+        state.schedule_partition = schedule.partition_bytes
         state.policy = schedule.policy_object(state.overlap)
         state.layouts = build_layouts(state, self._partition(), self._groups())
         policy = gate_rule(state)

@@ -84,6 +84,8 @@ class OptimizerState:
     is_gate: bool = False                  # rank 0 of the group: its policy gates
     policy: Optional[Policy] = None        # the configured (or planned) policy
     plan: Any = None                       # planner.Plan in force
+    #: A baseline the race installed: the block size it was priced with (else the config's).
+    schedule_partition: Optional[int] = None
     measured: Any = None                   # (Profile, CostModel) it was made from
     halves_cost: Any = None                # shard=True: (reduce-scatter, all-gather) CostModels
     profiler: Optional[StepProfiler] = None

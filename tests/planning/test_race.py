@@ -182,6 +182,25 @@ def test_the_sharded_plan_space_keeps_the_partition_of_the_slices():
     assert all(not s.groups for s in found)
 
 
+def test_an_emulated_clusters_baselines_take_the_targets_byte_settings_scaled_like_its_gradients():
+    scale = 12.0
+    config = SchedulerConfig.resolve(tune_byte_scale=scale)
+    _, _, _, found = decision.decide_race(PROFILE, COST, config, overlap_forward=True)
+    by = {s.label: s for s in found}
+    assert by["bytescheduler"].partition_bytes == round(config.partition_bytes / scale)
+    assert by["bytescheduler"].credit_bytes == round(config.credit_bytes / scale)
+    assert by["ddp"].policy_object(True).bucket_bytes == round((25 << 20) / scale)
+    plain = {s.label: s for s in decision.decide_race(
+        PROFILE, COST, SchedulerConfig.resolve(), overlap_forward=True)[3]}
+    assert plain["ddp"].policy_object(True).bucket_bytes == 25 << 20
+    # Sharded, the partition is the job's (its slices are ranges of its blocks): not rescaled.
+    sharded = SchedulerConfig.resolve(shard=True, tune_byte_scale=scale)
+    found = decision.decide_race(PROFILE, COST, sharded, overlap_forward=True, workers=4)[3]
+    assert {s.partition_bytes for s in found} == {sharded.partition_bytes}
+    with pytest.raises(ValueError, match="tune_byte_scale must be > "):
+        SchedulerConfig.resolve(tune_byte_scale=0.5)
+
+
 def test_a_schedule_names_an_unknown_policy_or_a_missing_plan():
     with pytest.raises(ValueError, match="needs a plan"):
         Schedule("x", "dcredit").policy_object(True)

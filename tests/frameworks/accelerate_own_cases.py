@@ -1,0 +1,107 @@
+"""Accelerate's OWN multi-process tests (``accelerate.test_utils.scripts``, shipped in its
+wheel), run once with the plain ``accelerate.Accelerator`` and once with
+``DCreditAccelerator`` in its place, in one 2-rank job (issue 40, item 7).
+
+    torchrun --standalone --nproc-per-node 2 tests/frameworks/accelerate_own_cases.py OUT
+
+Accelerate's scripts build their accelerators by the name ``Accelerator`` in their own module;
+this runner binds that name, in those test modules only, to the class under test (Accelerate
+itself is not touched).  Each test function runs on its own, with the arguments Accelerate's
+``main()`` passes on a multi-CPU job, plus the accumulation grid that its ``main()`` keeps for
+GPUs (it runs on CPU too); a failure is recorded and the next function runs.  Every rank
+writes ``OUT/own-rank{R}.json``: for each accelerator, each test's verdict and the first lines
+of its error.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import accelerate
+import torch.distributed as dist
+from accelerate.state import AcceleratorState, GradientState
+from accelerate.test_utils.scripts import test_script, test_sync
+
+from dcredit_hvd.frameworks.accelerate import DCreditAccelerator
+
+MODULES = (test_script, test_sync)
+
+
+def _grid() -> list[tuple[bool, bool, bool]]:
+    return list(itertools.product((True, False), repeat=3))
+
+
+def cases() -> list[tuple[str, Callable[[], Any]]]:
+    """(name, call) in the order of Accelerate's ``main()``s; ``test_sync``'s functions that
+    take an accelerator get a fresh one of the class under test."""
+    s, y = test_script, test_sync
+
+    def with_accelerator(fn: Callable) -> Callable[[], Any]:
+        return lambda: fn(y.Accelerator())
+
+    out: list[tuple[str, Callable[[], Any]]] = [
+        ("script.init_state_check", s.init_state_check),
+        ("script.process_execution_check", s.process_execution_check),
+        ("script.split_between_processes_list", s.test_split_between_processes_list),
+        ("script.split_between_processes_nested_dict", s.test_split_between_processes_nested_dict),
+        ("script.split_between_processes_tensor", s.test_split_between_processes_tensor),
+        ("script.split_between_processes_evenly", s.test_split_between_processes_evenly),
+        ("script.rng_sync_check", s.rng_sync_check),
+        ("script.dl_preparation_check", s.dl_preparation_check),
+        ("script.central_dl_preparation_check", s.central_dl_preparation_check),
+        ("script.custom_sampler_check", s.custom_sampler_check),
+        ("script.check_seedable_sampler", s.check_seedable_sampler),
+        ("script.check_seedable_sampler_with_data_seed", s.check_seedable_sampler_with_data_seed),
+        ("script.check_seedable_sampler_in_batch_sampler_shard",
+         s.check_seedable_sampler_in_batch_sampler_shard),
+        ("script.training_check", lambda: s.training_check(use_seedable_sampler=False)),
+        ("script.training_check[seedable]", lambda: s.training_check(use_seedable_sampler=True)),
+        ("script.trigger", s.test_trigger),
+        ("sync.dataloader_break", y.test_dataloader_break),
+        ("sync.distributed_sync", with_accelerator(y.test_distributed_sync)),
+        ("sync.distributed_sync_multiple_fwd", with_accelerator(y.test_distributed_sync_multiple_fwd)),
+        ("sync.accumulation_with_opt_and_scheduler", y.test_gradient_accumulation_with_opt_and_scheduler),
+    ]
+    for split, dispatch, each in _grid():
+        tag = f"[split={split},dispatch={dispatch},sync_each_batch={each}]"
+        out.append((f"sync.gradient_accumulation{tag}",
+                    lambda a=(split, dispatch, each): y.test_gradient_accumulation(*a)))
+        if split or dispatch or each:
+            out.append((f"sync.accumulation_with_opt_and_scheduler{tag}",
+                        lambda a=(split, dispatch, each):
+                        y.test_gradient_accumulation_with_opt_and_scheduler(*a)))
+    return out
+
+
+def run_all(accelerator_class: type) -> dict[str, dict]:
+    """Every case with ``accelerator_class`` bound in Accelerate's test modules."""
+    for module in MODULES:
+        module.Accelerator = accelerator_class
+    verdicts: dict[str, dict] = {}
+    for name, call in cases():
+        try:
+            call()
+            verdicts[name] = {"passed": True}
+        except Exception as exc:  # noqa: BLE001 - each test's failure is the datum
+            lines = traceback.format_exception_only(type(exc), exc)
+            verdicts[name] = {"passed": False, "error": "".join(lines)[-600:]}
+        finally:
+            GradientState._reset_state()
+        dist.barrier()                          # a rank that failed early waits for the other
+    return verdicts
+
+
+if __name__ == "__main__":
+    OUT = Path(sys.argv[1])
+    plain = run_all(accelerate.Accelerator)
+    dcredit = run_all(DCreditAccelerator)
+    state = AcceleratorState()
+    rank = state.process_index
+    (OUT / f"own-rank{rank}.json").write_text(json.dumps(
+        {"accelerate": accelerate.__version__, "processes": state.num_processes,
+         "plain": plain, "dcredit": dcredit}, indent=1))
+    state.destroy_process_group()
