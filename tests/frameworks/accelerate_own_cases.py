@@ -1,21 +1,28 @@
 """Accelerate's OWN multi-process tests (``accelerate.test_utils.scripts``, shipped in its
-wheel), run once with the plain ``accelerate.Accelerator`` and once with
-``DCreditAccelerator`` in its place, in one 2-rank job (issue 40, item 7).
+wheel), in a 2-rank job with the plain ``accelerate.Accelerator`` (``plain``) or with
+``DCreditAccelerator`` in its place (``dcredit``), a job each (Accelerate's state is one per
+process, and its scripts leave settings in it), issue 40 item 7:
 
-    torchrun --standalone --nproc-per-node 2 tests/frameworks/accelerate_own_cases.py OUT
+    ACCELERATE_USE_CPU=1 torchrun --standalone --nproc-per-node 2 \
+        tests/frameworks/accelerate_own_cases.py OUT dcredit
+
+(``ACCELERATE_USE_CPU=1`` is what ``accelerate launch --cpu`` sets: without it Accelerate runs
+one process per rank on a machine without GPUs.)  The scripts write files into the working
+directory (``check_main_process_first.txt``): the job runs in ``OUT``.
 
 Accelerate's scripts build their accelerators by the name ``Accelerator`` in their own module;
 this runner binds that name, in those test modules only, to the class under test (Accelerate
 itself is not touched).  Each test function runs on its own, with the arguments Accelerate's
 ``main()`` passes on a multi-CPU job, plus the accumulation grid that its ``main()`` keeps for
 GPUs (it runs on CPU too); a failure is recorded and the next function runs.  Every rank
-writes ``OUT/own-rank{R}.json``: for each accelerator, each test's verdict and the first lines
-of its error.
+writes ``OUT/own-{plain|dcredit}-rank{R}.json``: each test's verdict and the last lines of its
+error.
 """
 from __future__ import annotations
 
 import itertools
 import json
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -81,6 +88,7 @@ def run_all(accelerator_class: type) -> dict[str, dict]:
     """Every case with ``accelerator_class`` bound in Accelerate's test modules."""
     for module in MODULES:
         module.Accelerator = accelerator_class
+    accelerator_class()                  # as Accelerate's main()s begin: the state, the group
     verdicts: dict[str, dict] = {}
     for name, call in cases():
         try:
@@ -90,18 +98,23 @@ def run_all(accelerator_class: type) -> dict[str, dict]:
             lines = traceback.format_exception_only(type(exc), exc)
             verdicts[name] = {"passed": False, "error": "".join(lines)[-600:]}
         finally:
+            # As Accelerate's scripts do between their tests: a test that failed half-way
+            # (DCreditAccelerator refuses the fp16 part of training_check) must not leave its
+            # settings to the next, so the state is rebuilt with the class's defaults.
             GradientState._reset_state()
+            if not verdicts[name]["passed"]:
+                AcceleratorState._reset_state()
+                accelerator_class()
         dist.barrier()                          # a rank that failed early waits for the other
     return verdicts
 
 
 if __name__ == "__main__":
-    OUT = Path(sys.argv[1])
-    plain = run_all(accelerate.Accelerator)
-    dcredit = run_all(DCreditAccelerator)
+    OUT, WHICH = Path(sys.argv[1]).resolve(), sys.argv[2]
+    os.chdir(OUT)
+    verdicts = run_all({"plain": accelerate.Accelerator, "dcredit": DCreditAccelerator}[WHICH])
     state = AcceleratorState()
-    rank = state.process_index
-    (OUT / f"own-rank{rank}.json").write_text(json.dumps(
+    (OUT / f"own-{WHICH}-rank{dist.get_rank()}.json").write_text(json.dumps(
         {"accelerate": accelerate.__version__, "processes": state.num_processes,
-         "plain": plain, "dcredit": dcredit}, indent=1))
+         "verdicts": verdicts}, indent=1))
     state.destroy_process_group()
