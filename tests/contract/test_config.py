@@ -60,3 +60,14 @@ def test_cuda_staging_keyword_false_overrides_the_environment():
 def test_cuda_staging_rejects_other_words_naming_the_variable():
     with pytest.raises(ValueError, match=r"DCREDIT_CUDA_STAGING \(environment\) must be 1, 0 or auto"):
         SchedulerConfig.resolve(environ={"DCREDIT_CUDA_STAGING": "sometimes"})
+
+
+def test_every_config_field_is_a_keyword_of_the_distributed_optimizer():
+    import inspect
+
+    import dcredit_hvd
+
+    keywords = set(inspect.signature(dcredit_hvd.DistributedOptimizer).parameters)
+    environment_only = {"liveness_bind"}       # README's Configuration table says so
+    missing = set(SchedulerConfig.ENV) - keywords - environment_only
+    assert not missing, f"SchedulerConfig fields DistributedOptimizer does not take: {missing}"
