@@ -42,45 +42,35 @@ def _grid() -> list[tuple[bool, bool, bool]]:
     return list(itertools.product((True, False), repeat=3))
 
 
+def _name(module: str, fn: Callable) -> str:
+    return f"{module}.{fn.__name__.removeprefix('test_')}"
+
+
 def cases() -> list[tuple[str, Callable[[], Any]]]:
-    """(name, call) in the order of Accelerate's ``main()``s; ``test_sync``'s functions that
-    take an accelerator get a fresh one of the class under test."""
+    """(name, call) in the order of Accelerate's ``main()``s, named after the function (less
+    ``test_``); ``test_sync``'s functions that take an accelerator get a fresh one of the
+    class under test."""
     s, y = test_script, test_sync
-
-    def with_accelerator(fn: Callable) -> Callable[[], Any]:
-        return lambda: fn(y.Accelerator())
-
-    out: list[tuple[str, Callable[[], Any]]] = [
-        ("script.init_state_check", s.init_state_check),
-        ("script.process_execution_check", s.process_execution_check),
-        ("script.split_between_processes_list", s.test_split_between_processes_list),
-        ("script.split_between_processes_nested_dict", s.test_split_between_processes_nested_dict),
-        ("script.split_between_processes_tensor", s.test_split_between_processes_tensor),
-        ("script.split_between_processes_evenly", s.test_split_between_processes_evenly),
-        ("script.rng_sync_check", s.rng_sync_check),
-        ("script.dl_preparation_check", s.dl_preparation_check),
-        ("script.central_dl_preparation_check", s.central_dl_preparation_check),
-        ("script.custom_sampler_check", s.custom_sampler_check),
-        ("script.check_seedable_sampler", s.check_seedable_sampler),
-        ("script.check_seedable_sampler_with_data_seed", s.check_seedable_sampler_with_data_seed),
-        ("script.check_seedable_sampler_in_batch_sampler_shard",
-         s.check_seedable_sampler_in_batch_sampler_shard),
-        ("script.training_check", lambda: s.training_check(use_seedable_sampler=False)),
-        ("script.training_check[seedable]", lambda: s.training_check(use_seedable_sampler=True)),
-        ("script.trigger", s.test_trigger),
-        ("sync.dataloader_break", y.test_dataloader_break),
-        ("sync.distributed_sync", with_accelerator(y.test_distributed_sync)),
-        ("sync.distributed_sync_multiple_fwd", with_accelerator(y.test_distributed_sync_multiple_fwd)),
-        ("sync.accumulation_with_opt_and_scheduler", y.test_gradient_accumulation_with_opt_and_scheduler),
-    ]
-    for split, dispatch, each in _grid():
-        tag = f"[split={split},dispatch={dispatch},sync_each_batch={each}]"
-        out.append((f"sync.gradient_accumulation{tag}",
-                    lambda a=(split, dispatch, each): y.test_gradient_accumulation(*a)))
-        if split or dispatch or each:
-            out.append((f"sync.accumulation_with_opt_and_scheduler{tag}",
-                        lambda a=(split, dispatch, each):
-                        y.test_gradient_accumulation_with_opt_and_scheduler(*a)))
+    out: list[tuple[str, Callable[[], Any]]] = [(_name("script", fn), fn) for fn in (
+        s.init_state_check, s.process_execution_check, s.test_split_between_processes_list,
+        s.test_split_between_processes_nested_dict, s.test_split_between_processes_tensor,
+        s.test_split_between_processes_evenly, s.rng_sync_check, s.dl_preparation_check,
+        s.central_dl_preparation_check, s.custom_sampler_check, s.check_seedable_sampler,
+        s.check_seedable_sampler_with_data_seed, s.check_seedable_sampler_in_batch_sampler_shard)]
+    out += [("script.training_check", lambda: s.training_check(use_seedable_sampler=False)),
+            ("script.training_check[seedable]", lambda: s.training_check(use_seedable_sampler=True)),
+            (_name("script", s.test_trigger), s.test_trigger),
+            (_name("sync", y.test_dataloader_break), y.test_dataloader_break)]
+    out += [(_name("sync", fn), lambda fn=fn: fn(y.Accelerator()))
+            for fn in (y.test_distributed_sync, y.test_distributed_sync_multiple_fwd)]
+    accumulate, with_scheduler = (y.test_gradient_accumulation,
+                                  y.test_gradient_accumulation_with_opt_and_scheduler)
+    out.append((_name("sync", with_scheduler), with_scheduler))
+    for flags in _grid():
+        tag = "[split={},dispatch={},sync_each_batch={}]".format(*flags)
+        out.append((_name("sync", accumulate) + tag, lambda a=flags: accumulate(*a)))
+        if any(flags):
+            out.append((_name("sync", with_scheduler) + tag, lambda a=flags: with_scheduler(*a)))
     return out
 
 

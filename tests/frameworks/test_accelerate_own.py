@@ -32,7 +32,7 @@ _GRID = [f"[split={a},dispatch={b},sync_each_batch={c}]"
          for a in (True, False) for b in (True, False) for c in (True, False)]
 GRADIENTS_AT_STEP = {"sync.distributed_sync", "sync.distributed_sync_multiple_fwd",
                      *(f"sync.gradient_accumulation{g}" for g in _GRID),
-                     *(f"sync.accumulation_with_opt_and_scheduler{g}" for g in _GRID
+                     *(f"sync.gradient_accumulation_with_opt_and_scheduler{g}" for g in _GRID
                        if g.endswith("sync_each_batch=True]"))}
 FP16_REFUSED = {"script.training_check", "script.training_check[seedable]"}
 
@@ -83,5 +83,5 @@ def test_accelerates_own_tests_pass_with_dcredit_but_for_the_documented_differen
     passed = [k for k, v in verdicts["dcredit"][0].items() if v["passed"]]
     # Accelerate's trainings that step (on one CPU or two, batches split or not, an LR
     # scheduler under accumulation) are among them.
-    assert {"sync.accumulation_with_opt_and_scheduler", "sync.dataloader_break",
+    assert {"sync.gradient_accumulation_with_opt_and_scheduler", "sync.dataloader_break",
             "script.trigger"} <= set(passed)
