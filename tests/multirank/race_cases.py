@@ -39,8 +39,12 @@ class Case:
 
 
 CASES = [
-    Case("gpt2-ddp-buckets", "gpt2", "ddp"),
-    Case("t5-bytescheduler-no-model", "t5", "bytescheduler", model_overlap=False),
+    # The baselines at an emulated cluster's byte settings (tune_byte_scale; every other case
+    # races them unscaled): DDP's 25 MiB buckets / 1024 = 25 KiB, several buckets in a tiny
+    # model instead of one; ByteScheduler's partition and credit / 4.
+    Case("gpt2-ddp-buckets-scaled", "gpt2", "ddp", extra=dict(tune_byte_scale=1024.0)),
+    Case("t5-bytescheduler-no-model-scaled", "t5", "bytescheduler", model_overlap=False,
+         extra=dict(tune_byte_scale=4.0)),
     Case("bert-accumulation-and-clipping", "bert", "wfbp", passes=2, clip=0.5),
     Case("gpt2-checkpoint-mid-race", "gpt2", "ddp", checkpoint_at=9),
     Case("gpt2-sharded-immediate", "gpt2", "immediate", shard=True),
