@@ -343,9 +343,12 @@ def main(argv: list[str] | None = None) -> int:
     for policy in args.policies:
         step, opt = make_step(policy, fresh(), hvd, dilation, x, runner.spin, args.tune_rounds)
         race = run_race(opt, step, dilation)
+        before = changes(opt)
         results["policies"][policy] = runner.run(policy, step)
         if race:
             results["policies"][policy]["race"] = race
+            # A re-plan (or a new race) among the timed iterations makes them another schedule's.
+            results["policies"][policy]["timed_changes"] = changes(opt) - before
         kept[policy] = kept_of(opt)
         results["policies"][policy]["setup"] = describe(kept[policy])
         del step, opt
@@ -361,6 +364,11 @@ def main(argv: list[str] | None = None) -> int:
                 json.dump(results, fh, indent=1)
             print(f"results written to {args.json}", flush=True)
     return 0
+
+
+def changes(opt: Any) -> int:
+    """Re-plans and races so far (0 for a baseline optimizer)."""
+    return len(getattr(opt, "replans", ())) + len(getattr(opt, "races", ()))
 
 
 def describe(kept: Any) -> dict[str, Any]:
