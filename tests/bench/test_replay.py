@@ -538,13 +538,16 @@ def test_race_report_prices_the_race_against_a_thousand_iterations_of_the_row(ca
     row = {"candidate": "dcredit #1 (incumbent)", "predicted_ms": 90.0, "measured_ms": 100.0,
            "stderr_ms": 1.5, "iterations": 24, "verdict": "won"}
     results = {"policies": {"horovod": {"ms_mean": 120.0},
-                            "dcredit": {"ms_mean": 100.0, "race": {
+                            "dcredit": {"ms_mean": 100.0, "ms": [96.0, 97.0, 99.0, 98.0, 110.0],
+                                        "timed_changes": 0, "race": {
                                 "winner": "dcredit #1 (incumbent)", "iterations": 60,
                                 "cluster_ms": 6400.0, "cost_ms": 250.0, "table": [row]}}}}
     emulate_report.print_races(results)
     out = capsys.readouterr().out
     assert "race of dcredit: dcredit #1 (incumbent) won after 60 iterations (6.4 s cluster)" in out
     assert "cost 250 ms = 0.25% of a 1,000-iteration run" in out        # 250 / (1000 * 100)
+    assert "then timed: median 98.0 ms, mean 100.0" in out
+    assert "races among the timed iterations: 0" in out
     assert "race of horovod" not in out and "won" in out.splitlines()[-1]
 
 
