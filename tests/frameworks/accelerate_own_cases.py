@@ -81,6 +81,8 @@ def run_all(accelerator_class: type) -> dict[str, dict]:
     accelerator_class()                  # as Accelerate's main()s begin: the state, the group
     verdicts: dict[str, dict] = {}
     for name, call in cases():
+        # Which case a rank was in when it died (a C++ abort leaves no Python traceback).
+        print(f"[accelerate-own] rank {dist.get_rank()}: {name}", file=sys.stderr, flush=True)
         try:
             call()
             verdicts[name] = {"passed": True}

@@ -49,7 +49,9 @@ def _verdicts(out: Path, which: str) -> list[dict]:
                                 job_env(pid_dir, extra={"ACCELERATE_USE_CPU": "1"}), pid_dir,
                                 TIMEOUT_S)
     print(f"ACCELERATE OWN {which} job: {time.time() - started:.1f} s, exit {code}")
-    assert code == 0, f"the {which} job failed or hung (exit {code}):\n{output[-6000:]}"
+    # Less Accelerate's per-batch prints ("Model dtype: ..."), which would fill the message.
+    told = "\n".join(line for line in output.splitlines() if "dtype:" not in line)
+    assert code == 0, f"the {which} job failed or hung (exit {code}):\n{told[-6000:]}"
     return [json.loads((out / f"own-{which}-rank{r}.json").read_text())["verdicts"]
             for r in (0, 1)]
 

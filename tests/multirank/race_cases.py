@@ -41,8 +41,10 @@ class Case:
 CASES = [
     # The baselines at an emulated cluster's byte settings (tune_byte_scale; every other case
     # races them unscaled): DDP's 25 MiB buckets / 1024 = 25 KiB, several buckets in a tiny
-    # model instead of one; ByteScheduler's partition and credit / 4.
-    Case("gpt2-ddp-buckets-scaled", "gpt2", "ddp", extra=dict(tune_byte_scale=1024.0)),
+    # model instead of one, ByteScheduler at 4 MiB / 1024 (RACE's 4096 B / 1024 would be one
+    # float a block); ByteScheduler's partition and credit / 4.
+    Case("gpt2-ddp-buckets-scaled", "gpt2", "ddp", extra=dict(
+        tune_byte_scale=1024.0, partition_bytes=4 << 20, credit_bytes=16 << 20)),
     Case("t5-bytescheduler-no-model-scaled", "t5", "bytescheduler", model_overlap=False,
          extra=dict(tune_byte_scale=4.0)),
     Case("bert-accumulation-and-clipping", "bert", "wfbp", passes=2, clip=0.5),
@@ -72,7 +74,7 @@ def dcredit_wrap(case: Case, tune: bool = True) -> Wrap:
         return dcredit_hvd.DistributedOptimizer(
             opt, named_parameters=model.named_parameters(), backward_passes_per_step=case.passes,
             model=model if case.model_overlap else None, shard=case.shard or None,
-            tune=tune, tune_force=case.force, **RACE, **case.extra)
+            tune=tune, tune_force=case.force, **{**RACE, **case.extra})
     return wrap
 
 
