@@ -309,8 +309,10 @@ class SchedulerConfig:
             return parse_bytes(value, what)
         if name == "group_bytes":
             return 0 if str(value).strip() == "0" else parse_bytes(value, what + " (0: never)")
-        if name in ("poll_seconds", "stall_seconds", "race_amplifier"):
+        if name in ("poll_seconds", "stall_seconds"):
             return _parse_float(value, what, 0.0)
+        if name == "race_amplifier":
+            return _parse_float(value, what, -1e-12)          # >= 0; 0, its default, is off
         if name == "stall_abort_seconds":
             return _parse_float(value, what, -1e-9)
         if name == "profile_warmup":

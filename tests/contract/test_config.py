@@ -1,4 +1,6 @@
 """Configuration: keyword > DCREDIT_* environment > default, and clear errors for bad values."""
+import dataclasses
+
 import pytest
 
 from dcredit_hvd.config import SchedulerConfig, parse_bytes
@@ -71,3 +73,14 @@ def test_every_config_field_is_a_keyword_of_the_distributed_optimizer():
     environment_only = {"liveness_bind"}       # README's Configuration table says so
     missing = set(SchedulerConfig.ENV) - keywords - environment_only
     assert not missing, f"SchedulerConfig fields DistributedOptimizer does not take: {missing}"
+
+
+def test_every_default_is_accepted_when_passed_explicitly():
+    """A keyword set to its own default (race_amplifier=0: off) is not refused."""
+    defaults = SchedulerConfig.resolve({})
+    for f in dataclasses.fields(SchedulerConfig):
+        value = getattr(defaults, f.name)
+        if value is None or f.name == "sources" or not f.init:
+            continue
+        again = SchedulerConfig.resolve({}, **{f.name: value})
+        assert getattr(again, f.name) == value, f.name
