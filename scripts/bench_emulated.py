@@ -137,6 +137,8 @@ def load_cells(out: Path) -> list[dict]:
     for path in sorted(out.glob("*.json")):
         with open(path) as fh:
             record = json.load(fh)
+        if not isinstance(record, dict) or "policies" not in record:
+            continue        # not a cell's (a DCREDIT_TIMELINE trace written beside them, say)
         record["cell"] = path.stem
         cells.append(reanalyse(record))
     return cells
