@@ -58,12 +58,15 @@ def _parse_int(value: Any, what: str, low: int) -> int:
     return number
 
 
-def _parse_float(value: Any, what: str, low: float) -> float:
+def _parse_float(value: Any, what: str, low: float, inclusive: bool = False) -> float:
+    """``value`` as a float above ``low`` (or at it, with ``inclusive``), else a clear error."""
     try:
         number = float(value)
     except (TypeError, ValueError):
         raise ValueError(f"{what} must be a number, got {value!r}") from None
-    if not number > low:
+    if inclusive and not number >= low:
+        raise ValueError(f"{what} must be >= {low}, got {value!r}")
+    if not inclusive and not number > low:
         raise ValueError(f"{what} must be > {low}, got {value!r}")
     return number
 
@@ -312,7 +315,7 @@ class SchedulerConfig:
         if name in ("poll_seconds", "stall_seconds"):
             return _parse_float(value, what, 0.0)
         if name == "race_amplifier":
-            return _parse_float(value, what, -1e-12)          # >= 0; 0, its default, is off
+            return _parse_float(value, what, 0.0, inclusive=True)   # 0, its default: off
         if name == "stall_abort_seconds":
             return _parse_float(value, what, -1e-9)
         if name == "profile_warmup":
@@ -328,7 +331,7 @@ class SchedulerConfig:
         if name == "tune_drop":
             return _parse_int(value, what, 0)
         if name == "tune_margin":
-            margin = _parse_float(value, what, -1e-12)
+            margin = _parse_float(value, what, 0.0, inclusive=True)
             if margin >= 1:
                 raise ValueError(f"{what} must be a fraction in [0, 1) such as 0.03, got {value!r}")
             return margin

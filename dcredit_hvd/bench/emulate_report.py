@@ -3,6 +3,7 @@ all in the target cluster's time (``dcredit_hvd.bench.emulate`` measures, this j
 from __future__ import annotations
 
 import os
+import statistics
 from dataclasses import replace
 from typing import Any
 
@@ -163,8 +164,7 @@ def print_races(results: dict[str, Any]) -> None:
         print(f"\nrace of {name}: {race['winner']} won after {race['iterations']} iterations "
               f"({race['cluster_ms'] / 1e3:.1f} s cluster); cost {race['cost_ms']:.0f} ms = "
               f"{100 * share:.2f}% of a 1,000-iteration run")
-        timed = sorted(run["ms"])
-        print(f"  then timed: median {timed[len(timed) // 2]:.1f} ms, mean {run['ms_mean']:.1f} "
+        print(f"  then timed: median {statistics.median(run['ms']):.1f} ms, mean {run['ms_mean']:.1f} "
               f"(the race's figures are medians of the slowest rank's iterations); re-plans or "
               f"races among the timed iterations: {run.get('timed_changes', 0)}")
         print(f"  {'candidate':<40}{'predicted':>10}{'measured':>10}{'stderr':>8}{'iters':>6}  verdict")
