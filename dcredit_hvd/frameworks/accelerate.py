@@ -24,8 +24,8 @@ Only public ``Accelerator`` methods are overridden (``docs/frameworks-accelerate
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
-from contextlib import ExitStack
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -40,6 +40,7 @@ from dcredit_hvd.config import SchedulerConfig
 
 from .accelerate_setup import check as _check
 from .accelerate_setup import settings as _settings
+from .accelerate_unowned import UnownedGradients
 from .rank0 import broadcast_from_rank0
 from .versions import require
 
@@ -67,6 +68,15 @@ class DCreditState:
     optimizers: list[Wrapped] = field(default_factory=list)
     pending: list[nn.Module] = field(default_factory=list)   # modules of the prepare() running
     prepared_optimizers: int = 0
+    unowned: list[UnownedGradients] = field(default_factory=list)   # one per prepared model
+
+    def owned(self) -> set[int]:
+        """The parameters the prepared optimizers reduce (ids)."""
+        return {id(p) for e in self.optimizers for g in e.wrapper.param_groups
+                for p in g["params"]}
+
+    def tracker(self, model: nn.Module) -> Optional[UnownedGradients]:
+        return next((t for t in self.unowned if t.model is model), None)
 
 
 class DCreditAccelerator(accelerate.Accelerator):
@@ -113,6 +123,9 @@ class DCreditAccelerator(accelerate.Accelerator):
                                "DCreditAccelerator needs the model itself")
         broadcast_from_rank0(model)
         self.dcredit.models.append(model)
+        tracker = UnownedGradients(model)
+        tracker.refresh(self.dcredit.owned())
+        self.dcredit.unowned.append(tracker)
         handler = self.ddp_handler
         if any(True for _ in model.buffers()) and (handler is None or handler.broadcast_buffers):
             _BufferSync(self).install(model)
@@ -139,6 +152,9 @@ class DCreditAccelerator(accelerate.Accelerator):
         self.dcredit.prepared_optimizers += 1
         wrapper.register_step_post_hook(lambda *_: _end_window(entry))
         self.dcredit.optimizers.append(entry)
+        owned = self.dcredit.owned()
+        for tracker in self.dcredit.unowned:
+            tracker.refresh(owned)
         return accelerated
 
     # -- the step boundary ---------------------------------------------------------------------
@@ -147,6 +163,30 @@ class DCreditAccelerator(accelerate.Accelerator):
         for entry in self.dcredit.optimizers:
             _end_window(entry)
         super().backward(loss, **kwargs)
+        for tracker in self.dcredit.unowned:
+            tracker.finish()
+
+    @contextmanager
+    def no_sync(self, model: nn.Module) -> Iterator[None]:
+        """``Accelerator.no_sync``: also holds back DDP's reduction of the gradients no
+        prepared optimizer owns (``accelerate_unowned.py``)."""
+        tracker = self.dcredit.tracker(model)
+        with ExitStack() as stack:
+            if tracker is not None:
+                stack.enter_context(tracker.no_sync())
+            stack.enter_context(super().no_sync(model))
+            yield
+
+    @contextmanager
+    def trigger_sync_in_backward(self, model: nn.Module) -> Iterator[None]:  # type: ignore[override]
+        """``Accelerator.trigger_sync_in_backward``: the next backward reduces after forwards
+        under ``no_sync``, for the gradients no prepared optimizer owns as DDP does."""
+        tracker = self.dcredit.tracker(model)
+        with ExitStack() as stack:
+            if tracker is not None:
+                stack.enter_context(tracker.sync_in_backward())
+            stack.enter_context(accelerate.Accelerator.trigger_sync_in_backward(model))
+            yield
 
     def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float,
                         norm_type: float = 2) -> torch.Tensor:
@@ -189,7 +229,9 @@ class DCreditAccelerator(accelerate.Accelerator):
     def free_memory(self, *objects: Any) -> Any:
         """``Accelerator.free_memory`` forgets what was prepared; so does the scheduler side."""
         self.settle()
-        self.dcredit.models, self.dcredit.optimizers = [], []
+        for tracker in self.dcredit.unowned:
+            tracker.refresh({id(p) for p in tracker.model.parameters()})   # hooks removed
+        self.dcredit.models, self.dcredit.optimizers, self.dcredit.unowned = [], [], []
         self.dcredit.prepared_optimizers = 0
         return super().free_memory(*objects)
 

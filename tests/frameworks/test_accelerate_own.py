@@ -6,11 +6,12 @@ Every test must pass with the plain class (else this Accelerate is not the one t
 were made for), and with ``DCreditAccelerator`` every test passes except two named kinds,
 each a documented difference of contract (``docs/frameworks-accelerate.md``):
 
-* ``GRADIENTS_AT_STEP``: the test reads ``param.grad`` right after ``backward()`` and expects
-  it all-reduced, with no optimizer prepared or on a micro-batch that does not step.  DDP
-  all-reduces inside backward; the scheduler (as Horovod's ``DistributedOptimizer``) reduces
-  the optimizer's gradients for its ``step()`` (``synchronize()``), overlapping the next
-  forward, and a model prepared without an optimizer is not reduced at all.
+* ``GRADIENTS_AT_STEP``: the accumulation tests with ``sync_each_batch=True`` and an
+  optimizer read ``param.grad`` on micro-batches that do not step and expect it all-reduced.
+  DDP all-reduces inside every backward there; the scheduler (as Horovod's
+  ``DistributedOptimizer``) reduces the optimizer's gradients for its ``step()``.  Gradients
+  no prepared optimizer owns are reduced in backward as DDP does (``accelerate_unowned.py``):
+  the tests without an optimizer pass.
 * ``FP16_REFUSED``: ``training_check`` ends with an fp16 training, which the accelerator
   refuses at construction (its fp32 and bf16 trainings before it pass).
 """
@@ -30,10 +31,8 @@ CASES = Path(__file__).resolve().parent / "accelerate_own_cases.py"
 TIMEOUT_S = 240.0
 _GRID = [f"[split={a},dispatch={b},sync_each_batch={c}]"
          for a in (True, False) for b in (True, False) for c in (True, False)]
-GRADIENTS_AT_STEP = {"sync.distributed_sync", "sync.distributed_sync_multiple_fwd",
-                     *(f"sync.gradient_accumulation{g}" for g in _GRID),
-                     *(f"sync.gradient_accumulation_with_opt_and_scheduler{g}" for g in _GRID
-                       if g.endswith("sync_each_batch=True]"))}
+GRADIENTS_AT_STEP = {f"sync.gradient_accumulation_with_opt_and_scheduler{g}" for g in _GRID
+                     if g.endswith("sync_each_batch=True]")}
 FP16_REFUSED = {"script.training_check", "script.training_check[seedable]"}
 
 pytestmark = pytest.mark.skipif(not (BIN / "torchrun").exists(), reason="torchrun not installed")

@@ -1,0 +1,113 @@
+"""DDP's reduction for the gradients that no prepared optimizer owns, under ``DCreditAccelerator``.
+
+A model prepared by ``DCreditAccelerator`` is not wrapped in DDP: the scheduler reduces the
+gradients of the optimizer prepared over it, for that optimizer's ``step()``.  Parameters that
+no prepared optimizer holds (a model prepared without one, parameters left out of it) would
+then never be reduced, where DDP reduces every parameter in backward.  ``UnownedGradients``
+does what DDP does for them, one bucket per model:
+
+* the backward after a forward outside ``no_sync`` (or inside ``trigger_sync_in_backward``)
+  all-reduces them, averaged over ranks, as soon as the last of them has its gradient;
+* a parameter without a gradient on this rank counts as zero (DDP's
+  ``find_unused_parameters``); ``accelerator.backward`` completes such a bucket, and a
+  parameter that no rank gave a gradient keeps ``grad=None``.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+class UnownedGradients:
+    """The parameters of one model that no prepared optimizer owns, reduced as DDP would."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.params: list[nn.Parameter] = []
+        self.ids: set[int] = set()
+        self.ready: set[int] = set()
+        self.paused = 0            # depth of no_sync(model)
+        self.forced = 0            # depth of trigger_sync_in_backward(model)
+        self.armed = False         # the last forward outside no_sync: its backward reduces
+        self.reduced = False       # this forward's bucket is reduced
+        self.handles: list = []
+        model.register_forward_pre_hook(lambda *_: self._forward())
+
+    def refresh(self, owned: set[int]) -> None:
+        """The unowned parameters now that ``owned`` (optimizers' parameter ids) changed."""
+        for handle in self.handles:
+            handle.remove()
+        seen: set[int] = set()
+        self.params = []
+        for p in self.model.parameters():
+            if p.requires_grad and id(p) not in owned and id(p) not in seen:
+                seen.add(id(p))
+                self.params.append(p)
+        self.ids = seen
+        self.handles = [p.register_post_accumulate_grad_hook(self._ready) for p in self.params]
+
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        self.paused += 1
+        try:
+            yield
+        finally:
+            self.paused -= 1
+
+    @contextmanager
+    def sync_in_backward(self) -> Iterator[None]:
+        self.forced += 1
+        try:
+            yield
+        finally:
+            self.forced -= 1
+
+    def finish(self) -> None:
+        """End of ``accelerator.backward``: a bucket some parameter left open is reduced."""
+        if self.params and self._syncing() and not self.reduced:
+            self._reduce()
+
+    # -- hooks ---------------------------------------------------------------------------------
+    def _forward(self) -> None:
+        if torch.is_grad_enabled():
+            self.armed, self.reduced = self.paused == 0, False
+            self.ready.clear()
+
+    def _syncing(self) -> bool:
+        return self.armed or self.forced > 0
+
+    def _ready(self, param: torch.Tensor) -> None:
+        if not self._syncing():
+            return
+        self.ready.add(id(param))
+        if len(self.ready) == len(self.ids):
+            self._reduce()
+
+    def _reduce(self) -> None:
+        """Per dtype and device, one all-reduce of the unowned gradients (zero where missing)
+        and of how many ranks had each one."""
+        groups: dict[tuple, list[nn.Parameter]] = {}
+        for p in self.params:
+            groups.setdefault((p.dtype, p.device), []).append(p)
+        for (dtype, device), params in groups.items():
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+            used = torch.tensor([float(p.grad is not None) for p in params], dtype=dtype,
+                                device=device)
+            flat = torch.cat([g.reshape(-1) for g in grads] + [used])
+            flat.div_(dist.get_world_size())
+            dist.all_reduce(flat)
+            counts = flat[flat.numel() - len(params):]
+            offset = 0
+            for i, p in enumerate(params):
+                piece = flat[offset:offset + p.numel()].view_as(p)
+                offset += p.numel()
+                if p.grad is not None:
+                    p.grad.copy_(piece)
+                elif counts[i] > 0:
+                    p.grad = piece.clone()
+        self.ready.clear()
+        self.reduced = True
