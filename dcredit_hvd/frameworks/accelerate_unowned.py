@@ -14,8 +14,8 @@ does what DDP does for them, one bucket per model:
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 import torch.distributed as dist
