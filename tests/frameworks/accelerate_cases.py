@@ -262,10 +262,72 @@ def prepare_refusals() -> dict:
     return found
 
 
+class _Forked(torch.nn.Module):
+    """``side`` joins the output on rank 0 only; ``never`` is used by no rank."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = torch.nn.Linear(6, 8), torch.nn.Linear(8, 3)
+        self.side, self.never = torch.nn.Linear(6, 3), torch.nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.second(torch.relu(self.first(x)))
+        return y + self.side(x) if dist.get_rank() == 0 else y
+
+
+def _unowned_grads(dcredit: bool) -> list[list[Optional[list[float]]]]:
+    """Each parameter's gradient after each of three backwards (synced, under ``no_sync``,
+    synced), of a model prepared with an optimizer over its first layer only: its other
+    layers are owned by no optimizer.  ``side`` is used on rank 0 only, ``never`` by no rank."""
+    from accelerate.utils import DistributedDataParallelKwargs
+
+    from dcredit_hvd.frameworks.accelerate import DCreditAccelerator
+
+    torch.manual_seed(0)
+    model = _Forked()
+    kwargs = DistributedDataParallelKwargs(find_unused_parameters=True)
+    # Three backwards before the one step (the optimizer's own layer is compared elsewhere).
+    acc = (DCreditAccelerator if dcredit else Accelerator)(
+        cpu=True, kwargs_handlers=[kwargs], gradient_accumulation_steps=3)
+    wrapped, opt = acc.prepare(model, torch.optim.SGD(model.first.parameters(), lr=0.1))
+    rank, found = dist.get_rank(), []
+    for step in range(3):
+        x = torch.randn(4, 6, generator=torch.Generator().manual_seed(10 * step + rank))
+
+        def backward() -> None:
+            acc.backward(wrapped(x).square().mean())
+
+        if step == 1:
+            with acc.no_sync(wrapped):
+                backward()
+        else:
+            backward()
+        found.append([None if p.grad is None else p.grad.reshape(-1).tolist()
+                      for p in list(model.parameters())[2:]])
+    opt.step()
+    opt.zero_grad()
+    acc.free_memory()
+    return found
+
+
+def unowned_gradients() -> dict:
+    """``DCreditAccelerator``'s gradients of parameters no optimizer owns against DDP's."""
+    mine, ref = _unowned_grads(True), _unowned_grads(False)
+    gaps = [max((abs(a - b) for a, b in zip(m, r)), default=0.0)
+            if m is not None and r is not None else (0.0 if m is r else float("inf"))
+            for ms, rs in zip(mine, ref) for m, r in zip(ms, rs)]
+    nones = [[g is None for g in step] for step in mine]
+    return {"max_gap": max(gaps), "none": nones, "ref_none": [[g is None for g in s] for s in ref]}
+
+
 def phase_first(out: Path) -> dict:
     """Parity, and the resume cases' uninterrupted runs (checkpoint after step 2)."""
     results = phase_parity(out)
     results["refusals"] = prepare_refusals()
+    try:
+        results["unowned"] = unowned_gradients()
+    except Exception:
+        results["unowned"] = {"error": traceback.format_exc()}
     rank = dist.get_rank()
     for name, run in RESUMED.items():
         try:

@@ -142,7 +142,7 @@ def test_both_launchers_ran_every_case_on_two_ranks(jobs: dict[str, list[dict]])
         for job in ranks:
             assert job["launcher"] == launcher and job["world"] == 2, job
             assert job["distributed_type"] == "DistributedType.MULTI_CPU"
-        expected = set(PARITY) | ({f"{n}-full" for n in RESUMED} | {"refusals"}
+        expected = set(PARITY) | ({f"{n}-full" for n in RESUMED} | {"refusals", "unowned"}
                                   if launcher == "torchrun" else set(RESUMED))
         assert set(ranks[0]["cases"]) == set(ranks[1]["cases"]) == expected
 
@@ -256,3 +256,16 @@ def test_optimizers_it_cannot_wrap_are_refused_at_prepare(first_job: list[dict],
     for job in first_job:
         found = job["cases"]["refusals"][name]
         assert found["raised"] == kind and text in found["message"], found
+
+
+def test_gradients_no_optimizer_owns_are_reduced_as_ddp_reduces_them(
+        first_job: list[dict]) -> None:
+    """Layers outside the prepared optimizer: after a synced backward, one under ``no_sync``
+    and a synced one again, every gradient equals DDP's (``find_unused_parameters``), a layer
+    one rank uses included; the layer no rank uses keeps ``grad=None``, as under DDP."""
+    for job in first_job:
+        found = job["cases"]["unowned"]
+        assert "error" not in found, found.get("error")
+        assert found["max_gap"] < 1e-6, found
+        assert found["none"] == found["ref_none"], found
+        assert all(step[-2:] == [True, True] for step in found["none"]), found
