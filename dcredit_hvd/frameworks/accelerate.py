@@ -18,6 +18,9 @@ Only public ``Accelerator`` methods are overridden (``docs/frameworks-accelerate
   a scheduler built on it sets the rates.
 * ``clip_grad_norm_``: ``synchronize()`` first (clipping reads reduced gradients), the next
   ``step()`` in ``skip_synchronize()``; ``shard=True`` clips by the norm of every rank's slices.
+* ``backward``/``no_sync``/``trigger_sync_in_backward``: gradients no prepared optimizer owns
+  (a model prepared without one) are all-reduced in backward as DDP does
+  (``accelerate_unowned.py``).
 * ``save_state``/``load_state``: owed updates applied first; ``shard=True`` saves the full
   optimizer state (``full_state_dict()``), which loads into a job of any size.
 """
