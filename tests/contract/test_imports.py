@@ -22,6 +22,7 @@ LIBRARY_USERS = {
                           "dcredit_hvd.frameworks.hf", "dcredit_hvd.frameworks.hf_setup",
                           "dcredit_hvd.frameworks.accelerate",
                           "dcredit_hvd.frameworks.accelerate_setup",
+                          "dcredit_hvd.frameworks.accelerate_unowned",
                           "dcredit_hvd.frameworks.fabric", "dcredit_hvd.frameworks.fabric_launch",
                           "dcredit_hvd.frameworks.rank0"},
 }
