@@ -233,7 +233,7 @@ class DCreditAccelerator(accelerate.Accelerator):
         """``Accelerator.free_memory`` forgets what was prepared; so does the scheduler side."""
         self.settle()
         for tracker in self.dcredit.unowned:
-            tracker.refresh({id(p) for p in tracker.model.parameters()})   # hooks removed
+            tracker.close()
         self.dcredit.models, self.dcredit.optimizers, self.dcredit.unowned = [], [], []
         self.dcredit.prepared_optimizers = 0
         return super().free_memory(*objects)

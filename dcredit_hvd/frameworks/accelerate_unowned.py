@@ -15,7 +15,7 @@ does what DDP does for them, one bucket per model:
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 
 import torch
 import torch.distributed as dist
@@ -28,43 +28,40 @@ class UnownedGradients:
     def __init__(self, model: nn.Module) -> None:
         self.model = model
         self.params: list[nn.Parameter] = []
-        self.ids: set[int] = set()
         self.ready: set[int] = set()
-        self.paused = 0            # depth of no_sync(model)
-        self.forced = 0            # depth of trigger_sync_in_backward(model)
+        self.depth = {"paused": 0,     # no_sync(model)
+                      "forced": 0}     # trigger_sync_in_backward(model)
         self.armed = False         # the last forward outside no_sync: its backward reduces
         self.reduced = False       # this forward's bucket is reduced
         self.handles: list = []
-        model.register_forward_pre_hook(lambda *_: self._forward())
+        self.forward_hook = model.register_forward_pre_hook(lambda *_: self._forward())
 
     def refresh(self, owned: set[int]) -> None:
         """The unowned parameters now that ``owned`` (optimizers' parameter ids) changed."""
         for handle in self.handles:
             handle.remove()
-        seen: set[int] = set()
-        self.params = []
-        for p in self.model.parameters():
-            if p.requires_grad and id(p) not in owned and id(p) not in seen:
-                seen.add(id(p))
-                self.params.append(p)
-        self.ids = seen
+        # parameters() yields a shared (tied) parameter once.
+        self.params = [p for p in self.model.parameters() if p.requires_grad and id(p) not in owned]
         self.handles = [p.register_post_accumulate_grad_hook(self._ready) for p in self.params]
 
-    @contextmanager
-    def no_sync(self) -> Iterator[None]:
-        self.paused += 1
-        try:
-            yield
-        finally:
-            self.paused -= 1
+    def close(self) -> None:
+        """Remove every hook (``free_memory``)."""
+        self.refresh({id(p) for p in self.model.parameters()})
+        self.forward_hook.remove()
+
+    def no_sync(self) -> AbstractContextManager[None]:
+        return self._within("paused")
+
+    def sync_in_backward(self) -> AbstractContextManager[None]:
+        return self._within("forced")
 
     @contextmanager
-    def sync_in_backward(self) -> Iterator[None]:
-        self.forced += 1
+    def _within(self, kind: str) -> Iterator[None]:
+        self.depth[kind] += 1
         try:
             yield
         finally:
-            self.forced -= 1
+            self.depth[kind] -= 1
 
     def finish(self) -> None:
         """End of ``accelerator.backward``: a bucket some parameter left open is reduced."""
@@ -74,17 +71,17 @@ class UnownedGradients:
     # -- hooks ---------------------------------------------------------------------------------
     def _forward(self) -> None:
         if torch.is_grad_enabled():
-            self.armed, self.reduced = self.paused == 0, False
+            self.armed, self.reduced = self.depth["paused"] == 0, False
             self.ready.clear()
 
     def _syncing(self) -> bool:
-        return self.armed or self.forced > 0
+        return self.armed or self.depth["forced"] > 0
 
     def _ready(self, param: torch.Tensor) -> None:
         if not self._syncing():
             return
         self.ready.add(id(param))
-        if len(self.ready) == len(self.ids):
+        if len(self.ready) == len(self.params):
             self._reduce()
 
     def _reduce(self) -> None:
