@@ -68,6 +68,15 @@ PASSES_IN_AUTOMATIC = (
     "optimization: set Trainer(accumulate_grad_batches=...) instead; the strategy follows it "
     "(it is {accumulate} here)."
 )
+#: The registered names and their ``start_method``, as ``ddp``, ``ddp_spawn``... are DDP's.
+START_METHODS = {NAME: "popen", f"{NAME}_spawn": "spawn", f"{NAME}_fork": "fork",
+                 f"{NAME}_notebook": "fork"}
+SPAWN_ON_HOROVOD = (
+    "dcredit_hvd.lightning: DCreditStrategy(start_method={method!r}) starts its own processes, "
+    "but this job runs on Horovod, whose launcher (horovodrun or mpirun) already started them: "
+    "use strategy='dcredit', or launch with python or torchrun for the torch.distributed "
+    "transport."
+)
 DESCRIPTION = ("data-parallel training with dcredit_hvd's scheduled gradient all-reduces "
                "(torch.distributed or Horovod)")
 
@@ -96,6 +105,8 @@ class StrategyCore:
             raise ValueError(f"DCreditStrategy(transport={transport!r}): use 'horovod', "
                              "'torch.distributed' or leave it out")
         self.horovod = transport == "horovod" or (transport is None and horovod_env.detect())
+        if self.horovod and launch.get("start_method", "popen") != "popen":
+            raise ValueError(SPAWN_ON_HOROVOD.format(method=launch["start_method"]))
         if self.horovod and launch.get("cluster_environment") is None:
             launch["cluster_environment"] = self.kit.HorovodEnvironment()
         super().__init__(**launch)                                   # type: ignore[call-arg]
@@ -249,8 +260,12 @@ class StrategyCore:
 
     @classmethod
     def register_strategies(cls, strategy_registry: Any) -> None:
-        if NAME not in strategy_registry:
-            strategy_registry.register(NAME, cls, description=DESCRIPTION)
+        """``"dcredit"`` and, as DDP's names do, its start methods: ``"dcredit_spawn"``,
+        ``"dcredit_fork"`` and ``"dcredit_notebook"`` (fork, for Jupyter)."""
+        for name, start_method in START_METHODS.items():
+            if name not in strategy_registry:
+                strategy_registry.register(name, cls, description=f"{DESCRIPTION}; start "
+                                           f"method {start_method!r}", start_method=start_method)
 
 
 class DCreditStrategyBody(StrategyCore, RankZeroState, HorovodCollectives):
