@@ -6,7 +6,9 @@ Lightning's tests are not in its wheels or sdists, only in its repository, so th
 folder of the Lightning release that is installed::
 
     git -C pytorch-lightning archive 2.6.5 tests | tar x -C /tmp/lt
-    python scripts/lightning_own_tests.py --tests /tmp/lt/tests --out /tmp/lt-own
+    pip install --target /tmp/lt-deps requests jsonargparse      # two tests' own needs
+    PYTHONPATH=/tmp/lt-deps python scripts/lightning_own_tests.py --tests /tmp/lt/tests \
+        --out /tmp/lt-own
 
 Each test in ``CASES`` (every test of ``tests_pytorch`` and ``tests_fabric`` that trains or
 checkpoints on two CPU processes under ``ddp`` or ``ddp_spawn``; the connector tests, which
@@ -102,7 +104,7 @@ def run(tree: Path, case: str) -> dict:
 
 def run_as(tree: Path, case: str, standalone: bool) -> dict:
     env = dict(os.environ, PL_RUN_STANDALONE_TESTS="1" if standalone else "0",
-               PYTHONPATH=str(tree))
+               PYTHONPATH=os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")])))
     started = time.time()
     try:
         done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",

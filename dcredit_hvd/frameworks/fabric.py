@@ -98,6 +98,7 @@ class DCreditFabricStrategy(ParallelStrategy):
         self.backwards = 0                     # backward passes since the last step
         self.buffers_next: dict[int, bool] = {}
         self.hooks: list[Any] = []
+        self._num_nodes = 1
 
     # -- processes -------------------------------------------------------------------------
     @property
@@ -108,6 +109,22 @@ class DCreditFabricStrategy(ParallelStrategy):
     @property
     def num_processes(self) -> int:
         return len(self.parallel_devices) if self.parallel_devices is not None else 0
+
+    @property
+    def num_nodes(self) -> int:
+        """``Fabric(num_nodes=...)``: Fabric's connector sets it, as on DDP's strategy."""
+        return self._num_nodes
+
+    @num_nodes.setter
+    def num_nodes(self, num_nodes: int) -> None:
+        self._num_nodes = num_nodes
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, int]:
+        """DDP's: the world from the devices and nodes (known before ``launch()``), or the
+        launcher's where it says more (``init_processes``)."""
+        return {"num_replicas": max(self.world_size, self.num_nodes * self.num_processes),
+                "rank": self.global_rank}
 
     @property
     def launcher(self) -> Optional[ScriptLauncher]:

@@ -201,3 +201,18 @@ def test_fabric_launch_starts_the_other_rank_and_matches_ddp(launch_job: Job) ->
     """``python script.py`` with ``Fabric(strategy="dcredit", devices=2).launch()``: the
     strategy's launcher starts rank 1; both ranks end on the torchrun DDP run's weights."""
     _assert_parity(launch_job.case("fabric-launch"), "fabric-launch")
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_num_nodes_and_the_distributed_sampler_are_ddps_before_launch(nodes: int) -> None:
+    """``Fabric(num_nodes=...)`` reaches the strategy, and ``setup_dataloaders`` samples the
+    world DDP samples, also before ``launch()`` (Lightning's own sampler tests rely on it)."""
+    import lightning
+
+    import dcredit_hvd.frameworks.fabric  # noqa: F401  (registers the name)
+    made = {name: lightning.Fabric(accelerator="cpu", strategy=name, devices=2, num_nodes=nodes)
+            for name in ("ddp", "dcredit")}
+    assert made["dcredit"].strategy.num_nodes == nodes
+    assert (made["dcredit"].strategy.distributed_sampler_kwargs
+            == made["ddp"].strategy.distributed_sampler_kwargs
+            == {"num_replicas": 2 * nodes, "rank": 0})
