@@ -71,6 +71,8 @@ CASES = [
     "tests_fabric/test_fabric.py::test_setup_dataloaders_distributed_sampler_parity",
 ]
 TIMEOUT_S = 300
+#: pytest's counts in its summary line ("2 passed, 1 error in 3.1s"; "errors" counts as "error").
+COUNTED = re.compile(r"(\d+) (passed|failed|skipped|error)")
 REGISTERS = {"tests_pytorch": "import dcredit_hvd.frameworks.lightning  # noqa\n",
              "tests_fabric": "import dcredit_hvd.frameworks.fabric  # noqa\n"}
 
@@ -113,11 +115,9 @@ def run_as(tree: Path, case: str, standalone: bool) -> dict:
         output, code = done.stdout + done.stderr, done.returncode
     except subprocess.TimeoutExpired as timed_out:
         output, code = f"timed out after {TIMEOUT_S} s: {timed_out.stdout!r}", -1
-    tail = [line for line in output.splitlines() if re.search(r"\d+ (passed|failed|skipped|error)",
-                                                           line)]
+    tail = [line for line in output.splitlines() if COUNTED.search(line)]
     summary = tail[-1] if tail else f"exit {code}"
-    counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|failed|skipped|error)",
-                                                       summary)}
+    counts = {kind: int(n) for n, kind in COUNTED.findall(summary)}
     return {"exit": code, "summary": summary.strip("= "), "counts": counts,
             "seconds": round(time.time() - started, 1),
             "output": "" if code == 0 else output[-4000:]}

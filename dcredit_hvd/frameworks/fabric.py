@@ -120,10 +120,15 @@ class DCreditFabricStrategy(ParallelStrategy):
         self._num_nodes = num_nodes
 
     @property
+    def devices_world_size(self) -> int:
+        """The world DDP counts, devices x nodes: known before ``launch()``; the launcher's
+        world is never taken smaller (``init_processes``)."""
+        return self.num_nodes * self.num_processes
+
+    @property
     def distributed_sampler_kwargs(self) -> dict[str, int]:
-        """DDP's: the world from the devices and nodes (known before ``launch()``), or the
-        launcher's where it says more (``init_processes``)."""
-        return {"num_replicas": max(self.world_size, self.num_nodes * self.num_processes),
+        """DDP's: the devices' world, or the launcher's where it says more."""
+        return {"num_replicas": max(self.world_size, self.devices_world_size),
                 "rank": self.global_rank}
 
     @property

@@ -21,8 +21,8 @@ def init_processes(strategy: Any) -> None:
         raise RuntimeError("strategy='dcredit' with several devices needs its processes: "
                            "call fabric.launch() or launch with torchrun")
     env.set_global_rank(strategy.node_rank * strategy.num_processes + strategy.local_rank)
-    if env.world_size() < strategy.num_nodes * strategy.num_processes:
-        env.set_world_size(strategy.num_nodes * strategy.num_processes)
+    if env.world_size() < strategy.devices_world_size:
+        env.set_world_size(strategy.devices_world_size)
     rank_zero_only.rank = strategy.global_rank       # type: ignore[attr-defined]
     if not dist.is_initialized():
         os.environ.setdefault("MASTER_ADDR", env.main_address)

@@ -7,8 +7,7 @@ for each strategy, a fit of a small CNN with batch norm (accumulation over 2 bat
 norm) from the same weights on the same data.  Every rank writes its parameters and buffers at
 the end of the fit (``OUT/<strategy>.rank<r>.pt``) and the launching process writes the ones
 Lightning's launcher handed back to it (``OUT/<strategy>.main.pt``; the initial ones:
-``OUT/init.pt``): a spawned fit returns its
-weights to the process that called ``fit``.
+``OUT/init.pt``): a spawned fit returns its weights to the process that called ``fit``.
 """
 from __future__ import annotations
 
