@@ -73,7 +73,8 @@ def main() -> None:
     thread_cpu_ns, on_seconds = 0, 0.0
     for round_ in range(args.rounds):
         on = round_ % 2 == 0
-        channel = comm.watch_peers(config=config) if on else None
+        lease = comm.watch_peers(config=config) if on else None
+        channel = None if lease is None else lease.channel
         if on:
             assert channel is not None and channel.wait_connected(10.0), "channel not up"
         started = time.perf_counter()
@@ -82,10 +83,8 @@ def main() -> None:
         if channel is not None:
             on_seconds += time.perf_counter() - started
             thread_cpu_ns += _thread_cpu_ns(channel._thread.native_id)
-            channel.goodbye()
-            hvd.allreduce(torch.zeros(1), name=f"ab.barrier.{round_}")   # both said goodbye
-            channel.close()
-            comm._channels.clear()
+            lease.release()            # the last lease: a goodbye, then the channel ends
+            hvd.allreduce(torch.zeros(1), name=f"ab.barrier.{round_}")
         if hvd.rank() == 0:
             print(f"round {round_}: liveness {'on ' if on else 'off'} {mean * 1e3:.3f} ms/iter",
                   flush=True)

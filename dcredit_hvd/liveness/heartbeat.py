@@ -13,8 +13,9 @@ keeps one TCP connection to every other rank, served by its own daemon thread:
 * a peer that is alive but late (a long evaluation, uneven batches) keeps sending heartbeats
   from its own thread and is never declared dead: that is the stall limits' business.
 
-A rank that leaves on purpose says goodbye first (``goodbye``, run at interpreter exit): a
-normal exit is not a loss; an exit by an uncaught exception is one, and the goodbye carries the
+A rank that leaves on purpose says goodbye first (``goodbye``, run at interpreter exit, or when
+the last lease on the channel is given back: ``hold``/``release``, ``channels``): a normal exit
+is not a loss; an exit by an uncaught exception is one, and the goodbye carries the
 exception for the survivors' message.  Nothing here calls Horovod: ``comm`` hands over the job's
 secret, exchanges the addresses (``Liveness.address`` then ``start(table)``) and decides what a
 loss means for the job.  The wire format is lines: an empty line is a heartbeat, the others carry
@@ -32,6 +33,7 @@ loss does to the process.
 from __future__ import annotations
 
 import atexit
+import hashlib
 import json
 import logging
 import os
@@ -107,6 +109,9 @@ class Liveness:
         #: after the job's collectives are over (``hvd.shutdown()``) is no reason to fail.
         self._needed = needed
         secret = handshake.check_secret(_PROCESS_SECRET if secret is None else secret)
+        #: The same on every rank of one channel and different for every channel: what the
+        #: ranks compare to agree that they hold the same one (``channels``).
+        self.token = hashlib.sha256(b"dcredit-liveness-token" + secret).hexdigest()[:16]
         listener = interfaces.listener(bind, advertise, config.bind, max(8, size))
         self._mesh = Mesh(rank, size, secret, listener, self._line, self._closed)
         self._bound, self._port = listener.getsockname()[:2]
@@ -117,6 +122,10 @@ class Liveness:
         self._subscribers: list[Callable[[list[PeerEvent]], None]] = []
         self._said_goodbye = False
         self._stop = threading.Event()
+        #: Leases (``hold``): the channel ends when the last one is released.
+        self._holders: set[object] = set()
+        self._dropped: list[object] = []     # released by finalizers, for the thread to take
+        self._ending = False
         self._thread: Optional[threading.Thread] = None
         self.host = socket.gethostname()
 
@@ -193,6 +202,51 @@ class Liveness:
             self._thread.join(timeout=5.0)
         self._mesh.close()
 
+    # -- leases: the channel lives while someone on this rank needs it --------------------------
+    def hold(self) -> Optional[object]:
+        """A lease on the channel (a token for ``release``), or None once it is ending."""
+        with self._lock:
+            if self._ending or self._stop.is_set():
+                return None
+            token = object()
+            self._holders.add(token)
+            return token
+
+    def release(self, token: object, wait: bool = True) -> None:
+        """Give a lease back; the last one ends the channel (``end``).  ``wait=False`` is for
+        finalizers, which may run in any thread inside any lock: the token is queued and the
+        heartbeat thread takes it, so nothing here blocks or takes a lock."""
+        if not wait:
+            self._dropped.append(token)
+            self._mesh.wake()
+            return
+        with self._lock:
+            self._holders.discard(token)
+            last = self._last_lease_gone()
+        if last:
+            self.end()
+
+    @property
+    def ended(self) -> bool:
+        return self._stop.is_set()
+
+    def end(self) -> None:
+        """Leave on purpose: a goodbye (the peers count no loss), then ``close``; the process's
+        exit has nothing more to say for this channel."""
+        self.goodbye()
+        if self.exit_on_loss:
+            atexit.unregister(self._at_exit)
+        self.close()
+
+    def _last_lease_gone(self) -> bool:
+        """Whether the leases just released were the last (lock held); if so it is ending."""
+        while self._dropped:
+            self._holders.discard(self._dropped.pop())
+        if self._holders or self._ending:
+            return False
+        self._ending = True
+        return True
+
     # -- the mesh's state, under the names the tests read --------------------------------------
     @property
     def _listener(self) -> socket.socket:
@@ -215,11 +269,17 @@ class Liveness:
             log.exception("dcredit_hvd: the liveness channel failed; peers will declare this "
                           "rank lost")
             raise
+        if self._ending and not self._stop.is_set():
+            self.end()       # the last lease went in a finalizer: end from this thread
 
     def _loop(self) -> None:
         interval = self.config.interval
         next_beat = time.monotonic()
         while not self._stop.is_set():
+            if self._dropped:
+                with self._lock:
+                    if self._last_lease_gone():
+                        return
             timeout = max(0.0, next_beat - time.monotonic())
             before = time.monotonic()
             events = self._mesh.select(timeout)

@@ -89,6 +89,9 @@ def assemble(opt: torch.optim.Optimizer, base: type, state: OptimizerState,
     else:
         checks.check_construction(state)
         checks.check_layouts(state, "at construction")
+    # A dead peer raises PeerLostError in seconds (liveness.py); elastic jobs rely on the
+    # transport's own failure detection and reset instead.
+    state.peers = None if state.elastic else transport.watch_peers(config.liveness_settings())
     poll, collect = transport.poll, transport.collect
     if state.amplify:
         poll, collect = _amplified(state.amplify, poll), _amplified(state.amplify, collect)
@@ -98,9 +101,7 @@ def assemble(opt: torch.optim.Optimizer, base: type, state: OptimizerState,
         stall_abort_seconds=config.stall_abort_seconds,
         timeline=timeline.from_env(transport.job_rank()),
         passthrough=(transport.failure,),
-        # A dead peer raises PeerLostError in seconds (liveness.py); elastic jobs rely on
-        # the transport's own failure detection and reset instead.
-        liveness=None if state.elastic else transport.watch_peers(config.liveness_settings()))
+        liveness=None if state.peers is None else state.peers.channel)
     state.timeline = state.scheduler.timeline
     state.updater = ParameterUpdater(opt, base, state.scheduler.check, guard=state.guard,
                                      jitter=state.amplify)
@@ -111,7 +112,7 @@ def assemble(opt: torch.optim.Optimizer, base: type, state: OptimizerState,
     parts = Parts(instrument, lifecycle, overlap, gradients)
     _register_hooks(state, parts, model)
     instances.register(opt, state.prefix, state.requires_update)
-    weakref.finalize(opt, lifetime.collected, state.hooks)
+    weakref.finalize(opt, lifetime.collected, state.hooks, state.peers)
     atexit.register(lifetime.at_exit, weakref.ref(opt))
     if instrument.on_rank0() is not None:
         blocks = sum(len(t.blocks) for t in state.layouts)

@@ -33,11 +33,14 @@ CLOSE_MID_ITERATION = (
 )
 
 
-def collected(hooks: Hooks) -> None:
+def collected(hooks: Hooks, peers: Any) -> None:
     """Finalizer of a collected optimizer (nothing was in flight: in-flight blocks and owed
-    updates keep it alive): its hooks go; its idle completion thread ends by itself.  Nothing
-    here takes a lock: a finalizer may run in any thread, inside any critical section."""
+    updates keep it alive): its hooks go, its lease on the liveness channel is queued back;
+    its idle completion thread ends by itself.  Nothing here takes a lock: a finalizer may run
+    in any thread, inside any critical section."""
     hooks.remove()
+    if peers is not None:
+        peers.release(wait=False)
 
 
 def at_exit(ref: Any) -> None:
@@ -101,5 +104,7 @@ def close(state: OptimizerState, overlap: Any, owner: Any, why: str) -> None:
         state.scheduler.close()
         if state.gathers is not None:
             state.gathers.close()
+        if state.peers is not None:
+            state.peers.release()      # the last optimizer here ends the channel (a goodbye)
         instances.unregister(owner)
     state.closed = f" {why}" if why else ""

@@ -111,6 +111,9 @@ class OptimizerState:
     gathers: Any = None                    # the all-gather half (shard=True, dear): gathers.Gathers
     timeline: Optional[Timeline] = None
     hooks: Hooks = field(default_factory=Hooks)
+    #: This optimizer's lease on the peers' liveness channel (``liveness/channels.py``):
+    #: given back at ``close()`` or collection, so the channel ends with its last optimizer.
+    peers: Any = None
     closed: Optional[str] = None           # why it was closed (close(), or a newer optimizer)
     compiled: Optional[bool] = None        # model= holds torch.compile'd code (first forward)
     fallback_logged: bool = False

@@ -20,7 +20,8 @@ from typing import Any, Optional, Protocol, runtime_checkable
 
 import torch
 
-from ..liveness.heartbeat import Liveness, Settings
+from ..liveness.channels import Lease
+from ..liveness.heartbeat import Settings
 
 #: A pending collective, as ``submit`` returns it.
 Handle = Any
@@ -95,6 +96,7 @@ class Transport(Protocol):
     def allgather_object(self, obj: Any, name: str) -> list:
         """Every rank's ``obj``, in rank order."""
 
-    def watch_peers(self, settings: Optional[Settings] = None) -> Optional[Liveness]:
-        """The liveness channel among the group's ranks (started at the first call, a
-        collective), whose losses the scheduler subscribes to; None when there is none."""
+    def watch_peers(self, settings: Optional[Settings] = None) -> Optional[Lease]:
+        """A lease on the liveness channel among the group's ranks (collective: the ranks agree
+        to reuse the one they all hold, else open one), whose losses the scheduler subscribes
+        to; None when there is none.  The channel ends with the last lease on this rank."""

@@ -33,6 +33,7 @@ from horovod import __version__ as HOROVOD_VERSION
 
 from ..liveness import handshake, interfaces
 from ..liveness import heartbeat as liveness
+from ..liveness.channels import Channels, Lease
 from ..runtime.scheduler import PeerLostError
 from .shards import check_shard, chunk, flat_length, shard_bounds
 
@@ -305,16 +306,16 @@ def allgather_object(obj: Any, process_set: Any = None, name: Optional[str] = No
     return [_from_words(words[offsets[r]:offsets[r + 1]]) for r in range(ranks)]
 
 
-#: One liveness channel per process set (all ranks construct optimizers in the same order, so
-#: they agree on when the address exchange happens: at the first construction only).
-_channels: dict[tuple, Any] = {}
+#: The liveness channel of each process set, while an optimizer on this rank leases it.
+_channels = Channels()
 
 
-def watch_peers(process_set: Any = None, config: Any = None) -> Any:
-    """The ``liveness.Liveness`` channel among the ranks of ``process_set``, started at the
-    first call (a collective over the set: rank 0's secret is broadcast, each rank's address
-    is all-gathered); None when it is off (``DCREDIT_LIVENESS=0``), for a single rank, or in an
-    elastic job.
+def watch_peers(process_set: Any = None, config: Any = None) -> Optional[Lease]:
+    """A lease on the ``liveness.Liveness`` channel among the ranks of ``process_set``
+    (collective over the set: the ranks agree whether they all hold the same one, else open a
+    new one: rank 0's secret is broadcast, each rank's address is all-gathered;
+    ``liveness/channels.py``); None when it is off (``DCREDIT_LIVENESS=0``), for a single rank,
+    or in an elastic job.  The channel ends when the last lease on this rank is released.
 
     The secret, drawn by rank 0 and carried by Horovod (the job's trusted channel), never
     travels on the liveness sockets: a connection that cannot prove it knows it is refused
@@ -332,26 +333,28 @@ def watch_peers(process_set: Any = None, config: Any = None) -> Any:
     if (not config.enabled or os.environ.get("HOROVOD_ELASTIC") == "1"
             or process_set.size() < 2 or not process_set.included()):
         return None
-    key = (getattr(process_set, "process_set_id", None), process_set.size(), process_set.rank())
-    if key not in _channels:
+
+    def open_channel() -> liveness.Liveness:
         secret = broadcast_object(handshake.new_secret() if process_set.rank() == 0 else None,
                                   0, process_set, "dcredit.liveness.secret")
         bind = interfaces.listen_address(config.bind, single_host=hvd.local_size() == hvd.size())
         channel = liveness.Liveness(process_set.rank(), process_set.size(), config,
                                     secret=secret, bind=bind, exit_on_loss=True,
                                     needed=hvd.is_initialized)
-        table = allgather_object(channel.address(), process_set, "dcredit.liveness")
-        channel.start(table)
-        _channels[key] = channel
-    return _channels[key]
+        channel.start(allgather_object(channel.address(), process_set, "dcredit.liveness"))
+        return channel
+
+    key = (getattr(process_set, "process_set_id", None), process_set.size(), process_set.rank())
+    return _channels.lease(
+        key, lambda token: allgather_object(token, process_set, "dcredit.liveness.token"),
+        open_channel)
 
 
 def raise_if_peer_lost() -> None:
     """For waits outside the scheduler (``wait``): a lost peer never answers."""
-    for channel in list(_channels.values()):
-        lost = channel.lost
-        if lost:
-            raise PeerLostError.from_events(lost)
+    lost = _channels.lost()
+    if lost:
+        raise PeerLostError.from_events(lost)
 
 
 def accepts(group: Any) -> bool:

@@ -50,6 +50,7 @@ import torch.distributed as dist
 
 from ..liveness import handshake, interfaces
 from ..liveness import heartbeat as liveness
+from ..liveness.channels import Channels, Lease
 from ..runtime.scheduler import PeerLostError
 from .ordering import Entry, IssueOrder, OrderMismatchError, Submission
 from .shards import check_shard, chunk, flat_length, shard_bounds
@@ -239,8 +240,8 @@ def channel(group: Any) -> Channel:
         return found[1]
 
 
-#: One liveness channel per group (built at the first optimizer over it, a collective).
-_peers: dict[int, Any] = {}
+#: The liveness channel of each group, while an optimizer on this rank leases it.
+_peers = Channels()
 
 
 class TorchTransport:
@@ -385,9 +386,9 @@ class TorchTransport:
     def wait(self, handle: Submission, poll_seconds: float = 0.0002) -> torch.Tensor:
         while not self.poll(handle):
             time.sleep(poll_seconds)
-            lost = _peers.get(id(self.group))
-            if lost is not None and lost.lost:
-                raise PeerLostError.from_events(lost.lost)
+            lost = _peers.lost(self._peers_key())
+            if lost:
+                raise PeerLostError.from_events(lost)
         return self.collect(handle)
 
     def broadcast_object(self, obj: Any, name: str, root: int = 0) -> Any:
@@ -400,23 +401,31 @@ class TorchTransport:
         """The names this rank issued on the group, in order (the last ``LOG_ENTRIES``)."""
         return list(self.channel.order.log)
 
-    def watch_peers(self, settings: Any = None) -> Any:
-        """The liveness channel among the group's ranks, as in ``transports/horovod.py``:
-        rank 0's secret over the objects group, each rank's address all-gathered (whether the
-        ranks share a host is the channel's, gathered at its set-up)."""
+    def watch_peers(self, settings: Any = None) -> Optional[Lease]:
+        """A lease on the liveness channel among the group's ranks, as in
+        ``transports/horovod.py``: rank 0's secret over the objects group, each rank's address
+        all-gathered (whether the ranks share a host is the channel's, gathered at its set-up)."""
         config = liveness.settings() if settings is None else settings
         if not config.enabled or self.size() < 2 or not self.member:
             return None
-        key = id(self.group)
-        if key not in _peers:
+
+        def open_channel() -> liveness.Liveness:
             secret = self.broadcast_object(handshake.new_secret() if self.rank() == 0 else None,
                                            "dcredit.liveness.secret")
             bind = interfaces.listen_address(config.bind, single_host=self.channel.single_host)
             peers = liveness.Liveness(self.rank(), self.size(), config, secret=secret, bind=bind,
                                       exit_on_loss=True, needed=is_initialized)
             peers.start(self.allgather_object(peers.address(), "dcredit.liveness"))
-            _peers[key] = peers
-        return _peers[key]
+            return peers
+
+        return _peers.lease(self._peers_key(),
+                            lambda token: self.allgather_object(token, "dcredit.liveness.token"),
+                            open_channel)
+
+    def _peers_key(self) -> tuple:
+        """A group's id may be a destroyed group's (``destroy_process_group``, then a new one):
+        the ranks' agreement on the token decides whether the channel is still the one."""
+        return (id(self.group), self.rank(), self.size())
 
 
 def _half(handle: Submission) -> torch.Tensor:

@@ -506,3 +506,44 @@ def test_a_goodbye_that_is_no_json_object_is_a_failure_not_a_dead_heartbeat():
     finally:
         for c in channels:
             c.close()
+
+
+# -- leases: a channel lives while someone on this rank needs it ---------------------------------
+def test_a_channel_ends_with_its_last_lease_and_its_peer_counts_a_goodbye_not_a_loss():
+    ours, theirs = _mesh(2)
+    try:
+        first, second = ours.hold(), ours.hold()
+        ours.release(first)
+        assert not ours.ended and ours.connected() == [1]
+        ours.release(second)
+        assert ours.ended and not ours._thread.is_alive()
+        assert ours.hold() is None, "an ended channel gave a new lease"
+        time.sleep(2 * FAST.timeout)          # past the silence that would count as a loss
+        assert theirs.lost == [] and theirs.connected() == []
+    finally:
+        ours.close()
+        theirs.close()
+
+
+def test_a_lease_given_back_by_a_finalizer_ends_the_channel_from_its_own_thread():
+    ours, theirs = _mesh(2)
+    try:
+        ours.release(ours.hold(), wait=False)     # queued: no lock taken, nothing joined
+        deadline = time.monotonic() + 5.0
+        while ours._thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert ours.ended and not ours._thread.is_alive()
+        assert theirs.wait_lost(2 * FAST.timeout) == []
+    finally:
+        ours.close()
+        theirs.close()
+
+
+def test_a_channel_no_one_leased_lives_until_it_is_closed():
+    ours, theirs = _mesh(2)
+    try:
+        time.sleep(3 * FAST.interval)
+        assert not ours.ended and ours._thread.is_alive() and ours.connected() == [1]
+    finally:
+        ours.close()
+        theirs.close()

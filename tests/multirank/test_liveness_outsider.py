@@ -31,9 +31,10 @@ OUTSIDER = Path(__file__).resolve().parents[1] / "liveness" / "liveness_outsider
 
 
 def _channel():
-    channel = comm.watch_peers()
-    if channel is None:
+    lease = comm.watch_peers()         # held for the rest of the job: the channel lives on
+    if lease is None:
         pytest.skip("the liveness channel is off (DCREDIT_LIVENESS=0)")
+    channel = lease.channel
     assert_all_ranks(channel.wait_connected(30.0), f"not connected: {channel.connected()}")
     return channel
 

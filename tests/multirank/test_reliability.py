@@ -185,7 +185,8 @@ def test_a_rank_left_waiting_by_its_peer_warns_then_raises_a_stall_error(capfd):
 
 
 def collect_failing_at(when: dict):
-    """``comm.collect`` that raises Horovod's error on its ``when["n"]``-th call on this rank.
+    """``comm.collect`` that raises Horovod's error on its ``when["n"]``-th call on this rank
+    once ``n`` is set (the construction's own collectives, before, are not counted).
 
     ``n`` is set to the number of blocks of one iteration: the failing collect is then the last
     block of the first iteration, which completed on both ranks, so both ranks have submitted
@@ -196,6 +197,8 @@ def collect_failing_at(when: dict):
     real = comm.collect
 
     def collect(handle):
+        if when["n"] < 0:
+            return real(handle)
         calls[0] += 1
         output = real(handle)
         if calls[0] == when["n"]:
@@ -262,6 +265,25 @@ def test_completion_threads_end_with_their_optimizer():
     time.sleep(scheduler.IDLE_EXIT_SECONDS + 1.0)    # idle completion threads end
     after = len(completion_threads())
     assert_all_ranks(after <= before, f"{after - before} completion thread(s) outlived their optimizer")
+
+
+def test_optimizers_over_one_process_set_share_its_channel_while_any_holds_a_lease():
+    """Horovod's side of ``tests/torchrun/test_liveness_leases.py`` (which has groups of its
+    own, so it can also watch a channel end): the second optimizer reuses the channel every
+    rank holds, and closing one leaves it to the other."""
+    first_model, second_model = net(), net()
+    first = wrap(torch.optim.SGD(first_model.parameters(), lr=0.1), first_model, "rel.lease.a")
+    second = wrap(torch.optim.SGD(second_model.parameters(), lr=0.1), second_model, "rel.lease.b")
+    channel = first._state.peers.channel
+    tokens = hvd.allgather_object(channel.token, name="rel.lease.tokens")
+    assert_all_ranks(second._state.peers.channel is channel and len(set(tokens)) == 1,
+                     f"two channels, or the ranks disagree on one: {tokens}")
+    first.close()
+    train_until_error(second_model, second, steps=2)
+    others = [r for r in range(hvd.size()) if r != hvd.rank()]
+    assert_all_ranks(not channel.ended and channel.connected() == others and not channel.lost,
+                     f"the channel ended with a lease held: {channel.connected()}, {channel.lost}")
+    second.close()
 
 
 def test_exit_lets_a_failed_iterations_blocks_finish_and_ends_the_completion_thread():
