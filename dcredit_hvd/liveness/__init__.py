@@ -2,6 +2,8 @@
 
 * ``heartbeat``: ``Liveness``, the per-rank TCP heartbeat mesh and its loss events
   (``PeerEvent``), which the scheduler turns into ``dcredit_hvd.errors.PeerLostError``;
+* ``channels``: a channel's leases (it ends with its last optimizer) and the ranks' agreement,
+  at each construction, to reuse the one they all hold or open a new one;
 * ``mesh``: its connections (dialling, redials, the connections still proving themselves);
 * ``handshake``: both sides of the authenticated handshake (a secret shared over the job's
   own collective library);
