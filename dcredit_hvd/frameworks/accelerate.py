@@ -95,7 +95,7 @@ class DCreditAccelerator(accelerate.Accelerator):
                  dcredit_policy: Optional[str] = None, **kwargs: Any) -> None:
         self.dcredit = DCreditState(settings=_settings(dcredit, dcredit_policy))
         super().__init__(*args, **kwargs)
-        self.dcredit.active = _check(self)
+        self.dcredit.active = _check(self, shard=bool(self.dcredit.settings.get("shard")))
 
     @property
     def dcredit_optimizers(self) -> list[torch.optim.Optimizer]:
@@ -147,9 +147,11 @@ class DCreditAccelerator(accelerate.Accelerator):
         # Accelerate first: it reloads the optimizer's state onto the device, which replaces
         # its parameter groups; the wrapper is then built on (and shares) the new groups.
         accelerated = super().prepare_optimizer(optimizer, device_placement)
+        # With sync_each_batch every backward reduces (``backward``), as DDP's does then.
+        passes = 1 if self._sync_each_batch() else self.gradient_accumulation_steps
         wrapper = dcredit_hvd.DistributedOptimizer(
             optimizer, named_parameters=model.named_parameters(), model=model,
-            backward_passes_per_step=self.gradient_accumulation_steps, **self.dcredit.settings)
+            backward_passes_per_step=passes, **self.dcredit.settings)
         accelerated.optimizer = wrapper
         entry = Wrapped(accelerated, wrapper, self.dcredit.prepared_optimizers)
         self.dcredit.prepared_optimizers += 1
@@ -162,12 +164,21 @@ class DCreditAccelerator(accelerate.Accelerator):
 
     # -- the step boundary ---------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """``Accelerator.backward``; a window left open (clip without a step) is closed."""
+        """``Accelerator.backward``; a window left open (clip without a step) is closed.  With
+        ``GradientAccumulationPlugin(sync_each_batch=True)`` a micro-batch that does not step
+        ends with its gradients all-reduced, as under DDP (which then skips ``no_sync``): the
+        next backward adds its own to the mean, and the mean of those sums is DDP's."""
         for entry in self.dcredit.optimizers:
             _end_window(entry)
         super().backward(loss, **kwargs)
         for tracker in self.dcredit.unowned:
             tracker.finish()
+        if self.dcredit.active and not self.sync_gradients and self._sync_each_batch():
+            for entry in self.dcredit.optimizers:
+                entry.wrapper.synchronize()
+
+    def _sync_each_batch(self) -> bool:
+        return bool(self.gradient_state.plugin_kwargs.get("sync_each_batch", False))
 
     @contextmanager
     def no_sync(self, model: nn.Module) -> Iterator[None]:

@@ -20,7 +20,7 @@ _REFUSED_TYPES = {DistributedType.DEEPSPEED: "DeepSpeed", DistributedType.FSDP: 
                   DistributedType.MEGATRON_LM: "Megatron-LM", DistributedType.XLA: "XLA (TPU)"}
 
 
-def check(acc: accelerate.Accelerator) -> bool:
+def check(acc: accelerate.Accelerator, shard: bool = False) -> bool:
     """Several torch.distributed processes (one trains as the plain Accelerator); a clear
     error for setups that reduce gradients or wrap the model their own way."""
     where = "dcredit_hvd.frameworks.accelerate: DCreditAccelerator"
@@ -39,6 +39,11 @@ def check(acc: accelerate.Accelerator) -> bool:
     if acc.state.dynamo_plugin.backend != DynamoBackend.NO:
         raise ValueError(f"{where} does not support dynamo_backend (torch.compile): the "
                          "scheduler's hooks need the eager model; use dynamo_backend='no'")
+    if shard and acc.gradient_state.plugin_kwargs.get("sync_each_batch", False):
+        raise ValueError(f"{where} does not support shard=True with "
+                         "GradientAccumulationPlugin(sync_each_batch=True): a sharded reduction "
+                         "leaves each rank only its slice, and the next micro-batch cannot add "
+                         "to it; use sync_each_batch=False (the default) or shard=False")
     if dist.is_available() and dist.is_initialized():
         return dist.get_world_size() > 1
     launched = max(int(os.environ.get(name, "1") or 1) for name in _WORLD_VARIABLES)

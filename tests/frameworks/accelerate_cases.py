@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 import transformers as tf
 from accelerate import Accelerator
+from accelerate.utils import GradientAccumulationPlugin
 from torch.utils.data import DataLoader, Dataset
 
 VOCAB, SEQ, BATCH = 64, 12, 4
@@ -100,6 +101,14 @@ class Run:
     save_at: Optional[int] = None  # save_state after this many optimizer steps
     partition_bytes: int = SCHED["partition_bytes"]
     model: str = "gpt2"
+    sync_each_batch: bool = False  # GradientAccumulationPlugin(sync_each_batch=True)
+
+    def accumulation(self) -> dict:
+        """The accelerator's accumulation keyword."""
+        if self.sync_each_batch:
+            return {"gradient_accumulation_plugin": GradientAccumulationPlugin(
+                num_steps=self.accum, sync_each_batch=True)}
+        return {"gradient_accumulation_steps": self.accum}
 
     def key(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -108,12 +117,10 @@ class Run:
 def train(run: Run, out: Path, resume: Optional[Path] = None) -> dict:
     """Run the loop; returns this rank's final weights, losses, clip norms, learning rates."""
     if run.policy is None:
-        acc: Accelerator = Accelerator(gradient_accumulation_steps=run.accum, cpu=True,
-                                       mixed_precision=MIXED)
+        acc: Accelerator = Accelerator(**run.accumulation(), cpu=True, mixed_precision=MIXED)
     else:
         from dcredit_hvd.frameworks.accelerate import DCreditAccelerator
-        acc = DCreditAccelerator(gradient_accumulation_steps=run.accum, cpu=True,
-                                 mixed_precision=MIXED,
+        acc = DCreditAccelerator(**run.accumulation(), cpu=True, mixed_precision=MIXED,
                                  dcredit_policy=run.policy,
                                  dcredit={**SCHED, "shard": run.shard,
                                           "partition_bytes": run.partition_bytes})
@@ -217,6 +224,9 @@ def parity_cases() -> dict[str, tuple[Run, Run]]:
     cases["clip-noaccum-dcredit"] = (Run("dcredit", clip=0.05, epochs=2),
                                      Run(clip=0.05, epochs=2))
     cases["shard-clip-dcredit"] = (Run("dcredit", shard=True, **CLIP), Run(**CLIP))
+    # Every micro-batch reduced (DDP skips no_sync): the mean of the running sums is DDP's.
+    cases["sync-each-batch-clip-dcredit"] = (Run("dcredit", sync_each_batch=True, **CLIP),
+                                             Run(sync_each_batch=True, **CLIP))
     return cases
 
 
@@ -371,7 +381,11 @@ def phase_second(out: Path) -> dict:
 REFUSED = {"fp16": dict(mixed_precision="fp16"), "dynamo": dict(dynamo_backend="eager"),
            "horovodrun": {}, "transport-horovod": dict(dcredit={"transport": "horovod"}),
            "unknown-keyword": dict(dcredit={"partition": 1}),
-           "sets-model": dict(dcredit={"model": None})}
+           "sets-model": dict(dcredit={"model": None}),
+           "shard-sync-each-batch": dict(
+               dcredit={"shard": True},
+               gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=2,
+                                                                       sync_each_batch=True))}
 
 
 def refuse(name: str) -> dict:

@@ -42,7 +42,7 @@ RTOL, ATOL = 1e-5, 1e-6
 PARITY = [f"{kind}-{policy}" for kind in ("plain", "accumulate", "clip")
           for policy in ("dcredit", "bytescheduler")] + [
               "adam-scheduler-overlap-dcredit", "batchnorm-accumulate-dcredit", "clip-noaccum-dcredit",
-              "shard-clip-dcredit"]
+              "shard-clip-dcredit", "sync-each-batch-clip-dcredit"]
 RESUMED = ["resume-dcredit", "resume-shard-bytescheduler"]
 BF16 = ["plain-dcredit", "accumulate-clip-bytescheduler", "shard-adam-dcredit"]
 LAUNCHERS = ("torchrun", "accelerate")
@@ -53,6 +53,8 @@ REFUSED = {
     "transport-horovod": ("ValueError", "transport must be 'torch.distributed'"),
     "unknown-keyword": ("TypeError", "unknown dcredit= keyword(s) partition"),
     "sets-model": ("ValueError", "dcredit= cannot set model"),
+    "shard-sync-each-batch": ("ValueError", "does not support shard=True with "
+                              "GradientAccumulationPlugin(sync_each_batch=True)"),
 }
 PREPARE_REFUSED = {
     "already-distributed": ("ValueError", "already a distributed optimizer"),
@@ -119,10 +121,12 @@ def jobs(first_job: list[dict], second_job: list[dict]) -> dict[str, list[dict]]
 
 @pytest.fixture(scope="module")
 def refusals(jobs_dir: Path) -> dict:
-    """Three single processes (fp16 and dynamo each fix Accelerate's process-wide state)."""
+    """Four single processes (fp16, dynamo and the accumulation plugin each fix Accelerate's
+    process-wide state)."""
     out = jobs_dir / "refused"
     out.mkdir()
-    batches = ["transport-horovod,unknown-keyword,sets-model,horovodrun", "fp16", "dynamo"]
+    batches = ["transport-horovod,unknown-keyword,sets-model,horovodrun", "fp16", "dynamo",
+               "shard-sync-each-batch"]
     env = job_env(out)
     procs = [subprocess.Popen([sys.executable, str(CASES), str(out), "refuse", names], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
