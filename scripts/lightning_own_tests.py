@@ -144,8 +144,12 @@ def main() -> None:
     for which, found in verdicts.items():
         total = {k: sum(v["counts"].get(k, 0) for v in found.values())
                  for k in ("passed", "failed", "error", "skipped")}
+        # A run killed or timed out prints no summary: its test function counts here.
+        unsettled = sum(1 for v in found.values() if not v["counts"])
         print(f"LIGHTNING OWN {which}: {total['passed']} passed, {total['failed']} failed, "
-              f"{total['error']} errors, {total['skipped']} skipped ({len(found)} test functions)")
+              f"{total['error']} errors, {total['skipped']} skipped, {unsettled} test "
+              f"function(s) ended without pytest's verdict (killed or timed out) "
+              f"({len(found)} test functions)")
 
 
 if __name__ == "__main__":
