@@ -56,6 +56,8 @@ EXIT_STATUS = 1
 CONNECT_SECONDS = 5.0
 #: Seconds an accepted connection has to prove itself (its hello) before it is closed.
 HANDSHAKE_SECONDS = 5.0
+#: Seconds a channel that ends waits for its peers to close their ends after its goodbye.
+LEAVE_SECONDS = 2.0
 #: This process's secret, for channels that are given none: only channels within this process
 #: share it (tests); a job's ranks are given rank 0's (``comm.watch_peers``).
 _PROCESS_SECRET = handshake.new_secret()
@@ -231,12 +233,21 @@ class Liveness:
         return self._stop.is_set()
 
     def end(self) -> None:
-        """Leave on purpose: a goodbye (the peers count no loss), then ``close``; the process's
-        exit has nothing more to say for this channel."""
-        self.goodbye()
+        """Leave on purpose: the thread stopped, then a goodbye to every peer, which closes
+        its end on it (no loss), and the sockets closed once they have (``Mesh.leave``); the
+        process's exit has nothing more to say for this channel."""
+        with self._lock:
+            if self._said_goodbye:
+                self.close()
+                return
+            self._said_goodbye = True
         if self.exit_on_loss:
             atexit.unregister(self._at_exit)
-        self.close()
+        self._stop.set()
+        self._mesh.wake()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5.0)
+        self._mesh.leave(b"bye " + json.dumps({"error": None}).encode() + b"\n", LEAVE_SECONDS)
 
     def _last_lease_gone(self) -> bool:
         """Whether the leases just released were the last (lock held); if so it is ending."""

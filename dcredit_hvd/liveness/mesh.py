@@ -82,6 +82,7 @@ class Lobby:
             except OSError:
                 return
             conn.setblocking(False)
+            _no_delay(conn)
             if len(self.waiting) >= self.limit:
                 self.refuse(next(iter(self.waiting)), "crowd", "too many connections were "
                             "waiting to prove themselves (the oldest was closed)")
@@ -235,6 +236,39 @@ class Mesh:
         except OSError as exc:
             self._closed(peer, exc.strerror or type(exc).__name__)
 
+    def leave(self, line: bytes, seconds: float) -> None:
+        """Leave on purpose (the driving thread stopped): ``line`` to every connected peer, then
+        our end shut for writing, then read and discard until each peer closes its end (it
+        does on the line) or ``seconds`` pass; then ``close``.  A socket closed with unread
+        bytes (the peers' heartbeats) is reset, and a reset drops what was not yet sent, the
+        goodbye included: the peer would see a death."""
+        leaving = []
+        for peer in self.peers.values():
+            sock = peer.sock
+            if sock is None or not peer.connected or peer.gone:
+                continue
+            try:
+                sock.send(line)          # a short line fits unless the peer stopped reading
+                sock.shutdown(socket.SHUT_WR)
+                leaving.append(sock)
+            except OSError:
+                pass
+        deadline = time.monotonic() + seconds
+        with selectors.DefaultSelector() as waiting:
+            for sock in leaving:
+                waiting.register(sock, selectors.EVENT_READ)
+            while waiting.get_map() and time.monotonic() < deadline:
+                for key, _ in waiting.select(max(0.0, deadline - time.monotonic())):
+                    try:
+                        ended = not key.fileobj.recv(65536)
+                    except BlockingIOError:
+                        continue
+                    except OSError:
+                        ended = True
+                    if ended:
+                        waiting.unregister(key.fileobj)
+        self.close()
+
     def close(self) -> None:
         """Close every socket (the peers see a closed connection)."""
         for sock in [self.listener, self._wake_r, self._wake_w, *self.lobby.waiting,
@@ -283,6 +317,7 @@ class Mesh:
             except OSError:
                 continue
             sock.setblocking(False)
+            _no_delay(sock)
             try:
                 code = sock.connect_ex(address)
             except OSError:        # a name that does not resolve
@@ -397,3 +432,12 @@ class Mesh:
                 pass
             peer.sock.close()
             peer.sock, peer.connecting, peer.answer, peer.buffer = None, False, None, b""
+
+
+def _no_delay(sock: socket.socket) -> None:
+    """Each line goes out at once (a heartbeat's timing is the point; without it Nagle holds
+    a goodbye behind an unacknowledged heartbeat)."""
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except OSError:
+        pass
