@@ -43,6 +43,7 @@ from dcredit_hvd.config import SchedulerConfig
 
 from .accelerate_setup import check as _check
 from .accelerate_setup import settings as _settings
+from .accelerate_setup import sync_each_batch as _sync_each_batch
 from .accelerate_unowned import UnownedGradients
 from .rank0 import broadcast_from_rank0
 from .versions import require
@@ -148,7 +149,7 @@ class DCreditAccelerator(accelerate.Accelerator):
         # its parameter groups; the wrapper is then built on (and shares) the new groups.
         accelerated = super().prepare_optimizer(optimizer, device_placement)
         # With sync_each_batch every backward reduces (``backward``), as DDP's does then.
-        passes = 1 if self._sync_each_batch() else self.gradient_accumulation_steps
+        passes = 1 if _sync_each_batch(self) else self.gradient_accumulation_steps
         wrapper = dcredit_hvd.DistributedOptimizer(
             optimizer, named_parameters=model.named_parameters(), model=model,
             backward_passes_per_step=passes, **self.dcredit.settings)
@@ -173,12 +174,9 @@ class DCreditAccelerator(accelerate.Accelerator):
         super().backward(loss, **kwargs)
         for tracker in self.dcredit.unowned:
             tracker.finish()
-        if self.dcredit.active and not self.sync_gradients and self._sync_each_batch():
+        if self.dcredit.active and not self.sync_gradients and _sync_each_batch(self):
             for entry in self.dcredit.optimizers:
                 entry.wrapper.synchronize()
-
-    def _sync_each_batch(self) -> bool:
-        return bool(self.gradient_state.plugin_kwargs.get("sync_each_batch", False))
 
     @contextmanager
     def no_sync(self, model: nn.Module) -> Iterator[None]:

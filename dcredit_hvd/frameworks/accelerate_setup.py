@@ -39,7 +39,7 @@ def check(acc: accelerate.Accelerator, shard: bool = False) -> bool:
     if acc.state.dynamo_plugin.backend != DynamoBackend.NO:
         raise ValueError(f"{where} does not support dynamo_backend (torch.compile): the "
                          "scheduler's hooks need the eager model; use dynamo_backend='no'")
-    if shard and acc.gradient_state.plugin_kwargs.get("sync_each_batch", False):
+    if shard and sync_each_batch(acc):
         raise ValueError(f"{where} does not support shard=True with "
                          "GradientAccumulationPlugin(sync_each_batch=True): a sharded reduction "
                          "leaves each rank only its slice, and the next micro-batch cannot add "
@@ -52,6 +52,11 @@ def check(acc: accelerate.Accelerator, shard: bool = False) -> bool:
                            "initialised; launch with torchrun or accelerate launch "
                            "(horovodrun is not supported: Accelerate has no Horovod backend)")
     return False
+
+
+def sync_each_batch(acc: accelerate.Accelerator) -> bool:
+    """``GradientAccumulationPlugin(sync_each_batch=True)``: DDP reduces in every backward."""
+    return bool(acc.gradient_state.plugin_kwargs.get("sync_each_batch", False))
 
 
 def settings(dcredit: Optional[Mapping[str, Any] | SchedulerConfig],
