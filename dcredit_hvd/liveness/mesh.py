@@ -174,6 +174,8 @@ class Mesh:
         self._on_line, self._on_closed = on_line, on_closed
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
         #: The accepted connections that have not proved themselves yet.
         self.lobby = Lobby(rank, secret, listener, PENDING_SPARE + size, self._selector)
 
@@ -197,7 +199,8 @@ class Mesh:
         return self._selector.select(timeout=timeout)
 
     def wake(self) -> None:
-        """End a ``select`` in progress (from another thread: closing)."""
+        """End a ``select`` in progress (from another thread: closing, a lease given back).
+        Never blocks: a full pair means a wake is pending already."""
         try:
             self._wake_w.send(b"x")
         except OSError:
@@ -269,6 +272,15 @@ class Mesh:
                         waiting.unregister(key.fileobj)
         self.close()
 
+    def _drain_wakes(self) -> None:
+        """Read the wake bytes, or the pair stays readable and ``select`` returns at once for
+        ever (a busy thread; and once the pair is full, ``wake`` could not write)."""
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except OSError:        # BlockingIOError: drained; other errors: closing
+            pass
+
     def close(self) -> None:
         """Close every socket (the peers see a closed connection)."""
         for sock in [self.listener, self._wake_r, self._wake_w, *self.lobby.waiting,
@@ -282,6 +294,7 @@ class Mesh:
         """One event of ``select``: a connection to accept, a hello, a dial done, or lines."""
         data, sock = key.data, key.fileobj
         if data == "wake":
+            self._drain_wakes()
             return
         if data == "listen":
             self.lobby.accept()

@@ -569,3 +569,30 @@ def test_a_channel_that_ends_with_heartbeats_unread_still_leaves_with_a_goodbye(
         finally:
             ours.close()
             theirs.close()
+
+
+def test_wakes_are_drained_so_the_thread_sleeps_between_beats_and_a_waker_never_blocks():
+    """A lease given back by a finalizer wakes the thread; the channel lives on (another lease
+    is held), so the wake bytes must be read or ``select`` would return at once for ever (and
+    a full pair would block the next waker: a finalizer, in the training thread)."""
+    ours, theirs = _mesh(2)
+    try:
+        kept = ours.hold()
+        for _ in range(1000):
+            ours._mesh.wake()
+        ours.release(ours.hold(), wait=False)
+        time.sleep(3 * FAST.interval)
+        cpu = _thread_cpu(ours._thread.native_id)
+        time.sleep(1.0)
+        spent = _thread_cpu(ours._thread.native_id) - cpu
+        assert not ours.ended and spent < 0.2, f"the channel's thread spent {spent:.2f} s of 1 s"
+        ours.release(kept)
+    finally:
+        ours.close()
+        theirs.close()
+
+
+def _thread_cpu(native_id: int) -> float:
+    """Seconds of CPU a thread of this process has used (``/proc``'s ``schedstat``)."""
+    with open(f"/proc/self/task/{native_id}/schedstat") as f:
+        return int(f.read().split()[0]) / 1e9
