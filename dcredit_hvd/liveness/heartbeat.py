@@ -183,26 +183,25 @@ class Liveness:
     def goodbye(self, reason: Optional[str] = None) -> None:
         """Tell every peer this rank leaves on purpose (``reason``: an uncaught exception, which
         the peers count as a loss; None: a normal exit, which they do not)."""
-        with self._lock:
-            if self._said_goodbye:
-                return
-            self._said_goodbye = True
-        line = b"bye " + json.dumps({"error": reason}).encode() + b"\n"
-        for peer in list(self._mesh.peers.values()):
-            sock = peer.sock
-            if sock is not None and peer.connected and not peer.gone:
-                try:
-                    sock.send(line)     # a short line fits unless the peer stopped reading
-                except OSError:
-                    pass
+        if self._first_goodbye():
+            self._mesh.say(_bye(reason))
 
     def close(self) -> None:
         """Stop the thread and close every socket (peers see a closed connection)."""
+        self._stop_thread()
+        self._mesh.close()
+
+    def _first_goodbye(self) -> bool:
+        """Whether this rank has not said goodbye yet (it has now)."""
+        with self._lock:
+            first, self._said_goodbye = not self._said_goodbye, True
+        return first
+
+    def _stop_thread(self) -> None:
         self._stop.set()
         self._mesh.wake()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5.0)
-        self._mesh.close()
 
     # -- leases: the channel lives while someone on this rank needs it --------------------------
     def hold(self) -> Optional[object]:
@@ -236,18 +235,13 @@ class Liveness:
         """Leave on purpose: the thread stopped, then a goodbye to every peer, which closes
         its end on it (no loss), and the sockets closed once they have (``Mesh.leave``); the
         process's exit has nothing more to say for this channel."""
-        with self._lock:
-            if self._said_goodbye:
-                self.close()
-                return
-            self._said_goodbye = True
+        if not self._first_goodbye():
+            self.close()
+            return
         if self.exit_on_loss:
             atexit.unregister(self._at_exit)
-        self._stop.set()
-        self._mesh.wake()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=5.0)
-        self._mesh.leave(b"bye " + json.dumps({"error": None}).encode() + b"\n", LEAVE_SECONDS)
+        self._stop_thread()
+        self._mesh.leave(_bye(None), LEAVE_SECONDS)
 
     def _last_lease_gone(self) -> bool:
         """Whether the leases just released were the last (lock held); if so it is ending."""
@@ -387,6 +381,12 @@ class Liveness:
             _hard_exit()
         error = getattr(sys, "last_value", None)
         self.goodbye(f"{type(error).__name__}: {error}" if error is not None else None)
+
+
+def _bye(reason: Optional[str]) -> bytes:
+    """The goodbye line: ``reason`` an uncaught exception (a loss to the peers), None a normal
+    leave."""
+    return b"bye " + json.dumps({"error": reason}).encode() + b"\n"
 
 
 def _hard_exit() -> None:

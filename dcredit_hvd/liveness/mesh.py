@@ -239,6 +239,20 @@ class Mesh:
         except OSError as exc:
             self._closed(peer, exc.strerror or type(exc).__name__)
 
+    def say(self, line: bytes) -> list[socket.socket]:
+        """``line`` to every connected peer; the sockets it went out on."""
+        said = []
+        for peer in list(self.peers.values()):
+            sock = peer.sock
+            if sock is None or not peer.connected or peer.gone:
+                continue
+            try:
+                sock.send(line)          # a short line fits unless the peer stopped reading
+                said.append(sock)
+            except OSError:
+                pass
+        return said
+
     def leave(self, line: bytes, seconds: float) -> None:
         """Leave on purpose (the driving thread stopped): ``line`` to every connected peer, then
         our end shut for writing, then read and discard until each peer closes its end (it
@@ -246,12 +260,8 @@ class Mesh:
         bytes (the peers' heartbeats) is reset, and a reset drops what was not yet sent, the
         goodbye included: the peer would see a death."""
         leaving = []
-        for peer in self.peers.values():
-            sock = peer.sock
-            if sock is None or not peer.connected or peer.gone:
-                continue
+        for sock in self.say(line):
             try:
-                sock.send(line)          # a short line fits unless the peer stopped reading
                 sock.shutdown(socket.SHUT_WR)
                 leaving.append(sock)
             except OSError:
