@@ -509,87 +509,67 @@ def test_a_goodbye_that_is_no_json_object_is_a_failure_not_a_dead_heartbeat():
 
 
 # -- leases: a channel lives while someone on this rank needs it ---------------------------------
-def test_a_channel_ends_with_its_last_lease_and_its_peer_counts_a_goodbye_not_a_loss():
-    ours, theirs = _mesh(2)
-    try:
-        first, second = ours.hold(), ours.hold()
-        ours.release(first)
-        assert not ours.ended and ours.connected() == [1]
-        ours.release(second)
-        assert ours.ended and not ours._thread.is_alive()
-        assert ours.hold() is None, "an ended channel gave a new lease"
-        time.sleep(2 * FAST.timeout)          # past the silence that would count as a loss
-        assert theirs.lost == [] and theirs.connected() == []
-    finally:
-        ours.close()
-        theirs.close()
+def test_a_channel_ends_with_its_last_lease_and_its_peer_counts_a_goodbye_not_a_loss(mesh):
+    ours, theirs = mesh(2)
+    first, second = ours.hold(), ours.hold()
+    ours.release(first)
+    assert not ours.ended and ours.connected() == [1]
+    ours.release(second)
+    assert ours.ended and not ours._thread.is_alive()
+    assert ours.hold() is None, "an ended channel gave a new lease"
+    time.sleep(2 * FAST.timeout)          # past the silence that would count as a loss
+    assert theirs.lost == [] and theirs.connected() == []
 
 
-def test_a_lease_given_back_by_a_finalizer_ends_the_channel_from_its_own_thread():
-    ours, theirs = _mesh(2)
-    try:
-        ours.release(ours.hold(), wait=False)     # queued: no lock taken, nothing joined
-        deadline = time.monotonic() + 5.0
-        while ours._thread.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert ours.ended and not ours._thread.is_alive()
-        assert theirs.wait_lost(2 * FAST.timeout) == []
-    finally:
-        ours.close()
-        theirs.close()
+def test_a_lease_given_back_by_a_finalizer_ends_the_channel_from_its_own_thread(mesh):
+    ours, theirs = mesh(2)
+    ours.release(ours.hold(), wait=False)     # queued: no lock taken, nothing joined
+    deadline = time.monotonic() + 5.0
+    while ours._thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ours.ended and not ours._thread.is_alive()
+    assert theirs.wait_lost(2 * FAST.timeout) == []
 
 
-def test_a_channel_no_one_leased_lives_until_it_is_closed():
-    ours, theirs = _mesh(2)
-    try:
-        time.sleep(3 * FAST.interval)
-        assert not ours.ended and ours._thread.is_alive() and ours.connected() == [1]
-    finally:
-        ours.close()
-        theirs.close()
+def test_a_channel_no_one_leased_lives_until_it_is_closed(mesh):
+    ours, _ = mesh(2)
+    time.sleep(3 * FAST.interval)
+    assert not ours.ended and ours._thread.is_alive() and ours.connected() == [1]
 
 
-def test_a_channel_that_ends_with_heartbeats_unread_still_leaves_with_a_goodbye():
+def test_a_channel_that_ends_with_heartbeats_unread_still_leaves_with_a_goodbye(mesh):
     """A socket closed with unread bytes is reset, and the reset drops what was not yet sent:
     the goodbye.  The ending side reads until each peer closed its end (``Mesh.leave``).  On
     loopback the goodbye is delivered before any reset, so this passes without ``leave`` too;
     the reset lost it on the emulated 8-host cluster (shaped links, ``scripts/vcluster.sh``),
     where ``make bench``'s policies close one optimizer and build the next."""
     for _ in range(5):
-        ours, theirs = _mesh(2)
-        try:
-            token = ours.hold()
-            sock = theirs._mesh.peers[0].sock
-            for _ in range(200):                  # heartbeats our side will not have read
-                sock.send(b"\n" * 512)
-            ours.release(token)
-            time.sleep(2 * FAST.interval)
-            assert theirs.lost == [], [e.describe() for e in theirs.lost]
-            assert theirs.connected() == []
-        finally:
-            ours.close()
-            theirs.close()
+        ours, theirs = mesh(2)
+        token = ours.hold()
+        sock = theirs._mesh.peers[0].sock
+        for _ in range(200):                  # heartbeats our side will not have read
+            sock.send(b"\n" * 512)
+        ours.release(token)
+        time.sleep(2 * FAST.interval)
+        assert theirs.lost == [], [e.describe() for e in theirs.lost]
+        assert theirs.connected() == []
 
 
-def test_wakes_are_drained_so_the_thread_sleeps_between_beats_and_a_waker_never_blocks():
+def test_wakes_are_drained_so_the_thread_sleeps_between_beats_and_a_waker_never_blocks(mesh):
     """A lease given back by a finalizer wakes the thread; the channel lives on (another lease
     is held), so the wake bytes must be read or ``select`` would return at once for ever (and
     a full pair would block the next waker: a finalizer, in the training thread)."""
-    ours, theirs = _mesh(2)
-    try:
-        kept = ours.hold()
-        for _ in range(1000):
-            ours._mesh.wake()
-        ours.release(ours.hold(), wait=False)
-        time.sleep(3 * FAST.interval)
-        cpu = _thread_cpu(ours._thread.native_id)
-        time.sleep(1.0)
-        spent = _thread_cpu(ours._thread.native_id) - cpu
-        assert not ours.ended and spent < 0.2, f"the channel's thread spent {spent:.2f} s of 1 s"
-        ours.release(kept)
-    finally:
-        ours.close()
-        theirs.close()
+    ours, _ = mesh(2)
+    kept = ours.hold()
+    for _ in range(1000):
+        ours._mesh.wake()
+    ours.release(ours.hold(), wait=False)
+    time.sleep(3 * FAST.interval)
+    cpu = _thread_cpu(ours._thread.native_id)
+    time.sleep(1.0)
+    spent = _thread_cpu(ours._thread.native_id) - cpu
+    assert not ours.ended and spent < 0.2, f"the channel's thread spent {spent:.2f} s of 1 s"
+    ours.release(kept)
 
 
 def _thread_cpu(native_id: int) -> float:

@@ -40,6 +40,13 @@ def _others() -> list[int]:
     return [r for r in range(size()) if r != rank()]
 
 
+def _assert_one_new_channel(new: Any, old: Any) -> None:
+    """``new`` is not ``old``, and every rank holds the same one (the same token)."""
+    tokens = gather(new.token)
+    assert_all_ranks(new is not old and len(set(tokens)) == 1,
+                     f"not one new channel on every rank: tokens {tokens}")
+
+
 def _ended_soon(channel: Any, seconds: float = 5.0) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline and not (channel.ended and not channel._thread.is_alive()):
@@ -59,9 +66,7 @@ def test_the_channel_ends_with_the_last_optimizer_over_its_group_and_no_peer_mou
     assert_all_ranks(channel.ended and not channel._thread.is_alive(),
                      "the channel outlived its last optimizer")
     third = _build(group)
-    tokens = gather(_channel(third).token)
-    assert_all_ranks(_channel(third) is not channel and len(set(tokens)) == 1,
-                     f"the next optimizer did not open one new channel on every rank: {tokens}")
+    _assert_one_new_channel(_channel(third), channel)
     time.sleep(2.5 * _channel(third).config.interval)
     assert_all_ranks(channel.lost == [] and _channel(third).lost == [],
                      f"a goodbye was taken for a loss: {channel.lost + _channel(third).lost}")
@@ -76,9 +81,7 @@ def test_ranks_that_close_at_different_moments_open_a_new_channel_together() -> 
         first.close()          # rank 0 leaves the channel; rank 1 still holds it
     second = _build(group)     # would hang if rank 1 reused what rank 0 no longer has
     new = _channel(second)
-    tokens = gather(new.token)
-    assert_all_ranks(new is not old and len(set(tokens)) == 1,
-                     f"ranks disagree on the channel: {tokens}")
+    _assert_one_new_channel(new, old)
     kept = rank() == 0 or not old.ended
     if rank() != 0:
         first.close()
