@@ -11,7 +11,8 @@ The baselines, as the runtime can express them (``docs/algorithm.md`` §10):
                    Horovod its fusion threshold and cycle fuse what one cycle took, which is
                    ``hvd.DistributedOptimizer``'s schedule (the process's
                    ``HOROVOD_FUSION_THRESHOLD``/``HOROVOD_CYCLE_TIME`` are Horovod's own:
-                   there is no public API to change them per step)
+                   there is no public API to change them per step), and the simulator prices
+                   it so (``transports.base.Execution``)
 ``ddp``            DDP's 25 MiB buckets in backward order (``policies/ddp.py``)
 =================  ==========================================================================
 
@@ -87,8 +88,9 @@ def schedules(ranked: tuple[Any, ...], profile: Profile, cost: CostModel, *,
               sim: dict, byte_scale: float = 1.0) -> list[Schedule]:
     """The race's candidates: the simulator's ``TOP_PLANS`` best D-Credit plans (``ranked``:
     ``SimResult``s, best first; the first is the incumbent), then every baseline the runtime
-    can express here, each simulated with ``sim`` (``simulator.simulate``'s keywords: cycle,
-    block overhead, shard, workers, the halves' costs), as the plans were.  The baselines'
+    can express here, each simulated with ``sim`` (``simulator.simulate``'s keywords: the
+    overlap, the transport's cycle and fusion, block overhead, shard, workers, the halves'
+    costs), as the plans were.  The baselines'
     byte settings are divided by ``byte_scale`` (``config.tune_byte_scale``: an emulated
     cluster's 1/S gradients), except a sharded job's partition, which is the job's."""
     out = []
@@ -111,8 +113,7 @@ def schedules(ranked: tuple[Any, ...], profile: Profile, cost: CostModel, *,
                       Schedule("ddp", "ddp", bucket_bytes=scaled(DDP_BUCKET_BYTES))]
     for s in baselines:
         result = simulator.simulate(profile, cost, s.policy_object(overlap_forward),
-                                    partition_bytes=s.partition_bytes,
-                                    overlap_forward=overlap_forward, **sim)
+                                    partition_bytes=s.partition_bytes, **sim)
         out.append(replace(s, predicted_s=result.iteration_s,
                            ops_per_iteration=result.ops_per_iteration))
     return out
@@ -136,8 +137,11 @@ def _size(nbytes: int) -> str:
 
 
 def corrected(cost: CostModel, d_op: float) -> CostModel:
-    """``cost`` with the race's per-all-reduce correction added to its start-up
-    (``race.refit_offset``); the next plan starts from it."""
-    if not (math.isfinite(d_op) and d_op > 0):
+    """``cost`` with the race's per-all-reduce correction (``race.refit_offset``): every
+    all-reduce costs ``d_op`` more, ``T'(x) = T(x) + d_op``, so both the start-up and the floor
+    move by it; neither goes below zero (an over-fitted start-up is taken off, not reversed).
+    The next plan starts from it."""
+    if not math.isfinite(d_op) or d_op == 0:
         return cost
-    return replace(cost, a=cost.a + d_op)
+    floor = max(0.0, cost.floor + d_op) if cost.floor else 0.0
+    return replace(cost, a=max(0.0, cost.a + d_op), floor=floor)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 from typing import Any, Optional
 
 from ..config import SchedulerConfig
@@ -17,16 +16,8 @@ from ..policies import DCredit
 from . import candidates, planner, simulator
 from .blocks import group_runs
 from .costmodel import CostModel
+from .engine import Execution
 from .profile import Profile
-
-
-def horovod_cycle_seconds() -> float:
-    """Horovod's background cycle (``HOROVOD_CYCLE_TIME``, ms, default 1), for the simulator."""
-    try:
-        return float(os.environ.get("HOROVOD_CYCLE_TIME", "1")) / 1000.0
-    except ValueError:
-        return 0.001
-
 
 #: ``group_bytes`` limits the search tries (``blocks.group_runs``; 0: no grouping).
 GROUP_CANDIDATES: tuple[int, ...] = (0, 64 << 10, 256 << 10, 1 << 20, 4 << 20)
@@ -39,9 +30,14 @@ GROUP_CANDIDATES: tuple[int, ...] = (0, 64 << 10, 256 << 10, 1 << 20, 4 << 20)
 BLOCK_OVERHEAD_S = {False: 25e-6, True: 60e-6}
 
 
+#: Horovod's cycle and fusion defaults, for a decision made without a transport (the tests).
+HOROVOD_DEFAULTS = Execution(simulator.DEFAULT_CYCLE_S, simulator.DEFAULT_FUSION_BYTES)
+
+
 def decide(profile: Profile, cost: CostModel, config: SchedulerConfig, *,
            overlap_forward: bool, workers: int = 1,
-           halves: Optional[tuple[CostModel, CostModel]] = None) -> tuple[Any, Profile, tuple]:
+           halves: Optional[tuple[CostModel, CostModel]] = None,
+           collectives: Execution = HOROVOD_DEFAULTS) -> tuple[Any, Profile, tuple]:
     """``(plan, profile, search)``: D-Credit's windows, grouping and partition.
 
     The partition and the ``group_bytes`` limit the user set are kept; whichever was left
@@ -53,24 +49,26 @@ def decide(profile: Profile, cost: CostModel, config: SchedulerConfig, *,
     the simulator still picks the planner rule, phase 2's windows (which the all-gathers
     spend) and the all-gathers' order, on the sharded schedule (``best_dcredit(shard=True)``),
     priced with ``halves``: the reduce-scatter's and the all-gather's costs fitted live.
+    Every simulation runs the collectives as ``collectives`` says the transport does.
     """
-    plan, search, _ = _search(profile, cost, config, overlap_forward, workers, halves)
+    sim = _sim_keywords(config, overlap_forward, workers, halves, collectives)
+    plan, search, _ = _search(profile, cost, config, sim)
     return plan, profile, search
 
 
 def decide_race(profile: Profile, cost: CostModel, config: SchedulerConfig, *,
                 overlap_forward: bool, workers: int = 1,
-                halves: Optional[tuple[CostModel, CostModel]] = None
+                halves: Optional[tuple[CostModel, CostModel]] = None,
+                collectives: Execution = HOROVOD_DEFAULTS
                 ) -> tuple[Any, Profile, tuple, list[candidates.Schedule]]:
     """``decide``, plus the race's candidates (``candidates.schedules``): the simulator's
     pick first (the incumbent), its runners-up, then every baseline the runtime can express,
     each priced by the same simulation."""
-    plan, search, ranked = _search(profile, cost, config, overlap_forward, workers, halves)
+    sim = _sim_keywords(config, overlap_forward, workers, halves, collectives)
+    plan, search, ranked = _search(profile, cost, config, sim)
     if not ranked:                      # the partition was given: the one plan, simulated
         ranked = (simulator.simulate(profile, cost, DCredit(plan, overlap_forward=overlap_forward),
-                                     overlap_forward=overlap_forward,
-                                     **_sim_keywords(config, overlap_forward, workers, halves)),)
-    sim = _sim_keywords(config, overlap_forward, workers, halves)
+                                     **sim),)
     found = candidates.schedules(ranked, profile, cost, overlap_forward=overlap_forward,
                                  partition_bytes=config.partition_bytes,
                                  credit_bytes=config.credit_bytes, shard=config.shard, sim=sim,
@@ -79,27 +77,29 @@ def decide_race(profile: Profile, cost: CostModel, config: SchedulerConfig, *,
 
 
 def _sim_keywords(config: SchedulerConfig, overlap_forward: bool, workers: int,
-                  halves: Optional[tuple[CostModel, CostModel]]) -> dict:
-    """What every simulation of this job is told besides the policy: Horovod's cycle, the
-    runtime's cost per block, and the sharded mode's halves."""
-    sim = {"cycle_s": horovod_cycle_seconds(), "block_overhead_s": BLOCK_OVERHEAD_S[overlap_forward]}
+                  halves: Optional[tuple[CostModel, CostModel]], collectives: Execution) -> dict:
+    """What every simulation of this job is told besides the policy: whether the next forward
+    overlaps, the transport's cycle and fusion (for every policy: under Horovod a ``wfbp``
+    schedule is fused like any other), the runtime's cost per block, and the sharded mode's
+    halves."""
+    sim = {"overlap_forward": overlap_forward, "cycle_s": collectives.cycle_s,
+           "fusion_bytes": collectives.fusion_bytes,
+           "block_overhead_s": BLOCK_OVERHEAD_S[overlap_forward]}
     if config.shard:
         sim.update(shard=True, workers=workers, scatter_cost=halves[0] if halves else None,
                    gather_cost=halves[1] if halves else None)
     return sim
 
 
-def _search(profile: Profile, cost: CostModel, config: SchedulerConfig, overlap_forward: bool,
-            workers: int, halves: Optional[tuple[CostModel, CostModel]]
+def _search(profile: Profile, cost: CostModel, config: SchedulerConfig, sim: dict
             ) -> tuple[Any, tuple, tuple]:
     """``(plan, search, ranked)``: ``decide``'s plan, its table, and the simulator's ranking of
-    the plans it tried (empty when the partition was given and nothing was searched)."""
+    the plans it tried (empty when the partition was given and nothing was searched); ``sim``:
+    ``_sim_keywords``."""
     limits = (config.group_bytes,) if config.explicit("group_bytes") else GROUP_CANDIDATES
-    sim = _sim_keywords(config, overlap_forward, workers, halves)
     if config.shard:
-        best = simulator.best_dcredit(profile, cost, overlap_forward=overlap_forward,
-                                      group_limits=(0,), candidates=(config.partition_bytes,),
-                                      **sim)
+        best = simulator.best_dcredit(profile, cost, group_limits=(0,),
+                                      candidates=(config.partition_bytes,), **sim)
         return best.plan, best.search, best.ranked
     if config.explicit("partition_bytes"):
         limit = config.group_bytes if config.explicit("group_bytes") else 0
@@ -108,8 +108,7 @@ def _search(profile: Profile, cost: CostModel, config: SchedulerConfig, overlap_
         if len(groups) != profile.num_tensors:
             made = dataclasses.replace(made, groups=groups, group_bytes=limit)
         return made, (), ()
-    best = simulator.best_dcredit(profile, cost, overlap_forward=overlap_forward,
-                                  group_limits=limits, **sim)
+    best = simulator.best_dcredit(profile, cost, group_limits=limits, **sim)
     return best.plan, best.search, best.ranked
 
 

@@ -43,6 +43,21 @@ class Op:
     kind: str = ALLREDUCE
 
 
+@dataclass(frozen=True)
+class Execution:
+    """How the transport runs the collectives the gate releases: what a simulation must be told
+    to price a schedule as it will run (``Transport.execution`` says it for each library).
+
+    Horovod's background loop starts a cycle every ``cycle_s`` and fuses the collectives one
+    cycle took into buffers of at most ``fusion_bytes``, whatever the policy (one all-reduce per
+    tensor under ``wfbp`` is fused there like ``hvd.DistributedOptimizer``'s).  torch.distributed
+    starts each collective at once, alone: ``cycle_s = 0``, ``fusion_bytes = 0``.
+    """
+
+    cycle_s: float
+    fusion_bytes: int
+
+
 class SimulationStalled(RuntimeError):
     """The policy refused the head of the queue with nothing in flight and nothing to come."""
 

@@ -143,8 +143,10 @@ def measure_cost_model(max_bytes: int, transport: Transport, reps: int = 3,
     block's, for every one of them: the simulator prices blocks by their size).
 
     Collective: every rank of ``transport``'s group must call it at the same point; its collectives
-    are named under ``prefix`` (one per optimizer: several may be in flight).  Returns rank 0's
-    fit and rank 0's ``(bytes, median seconds)`` samples, broadcast to every rank.
+    are named under ``prefix`` (one per optimizer: several may be in flight).  Each of ``reps``
+    rounds (after one warm-up round) times every size once, each after a one-element all-reduce
+    that lines the ranks up.  Returns rank 0's fit and rank 0's
+    ``(bytes, median seconds)`` samples, broadcast to every rank.
     """
     import torch
 
@@ -166,16 +168,24 @@ def measure_cost_model(max_bytes: int, transport: Transport, reps: int = 3,
     chosen = [s for s in sizes if s <= max(max_bytes, 4 * sizes[0])]
     if len(chosen) < 2:
         chosen = list(sizes[:2])
-    samples: list[tuple[int, float]] = []
-    for size in chosen:
-        tensor = torch.zeros(size // 4, dtype=torch.float32, device=device)
-        times = []
-        for rep in range(reps + 1):                  # the first is a warm-up (negotiation, cache)
+    tensors = {size: torch.zeros(size // 4, dtype=torch.float32, device=device) for size in chosen}
+    align = torch.zeros(1, dtype=torch.float32, device=device)
+    times: dict[int, list[float]] = {size: [] for size in chosen}
+    # Rounds of every size, not every round of one size: a slow moment of a few seconds then
+    # slows one sample of each size, which the median drops, instead of every sample of one
+    # size, which bends the whole fit (8 emulated hosts, three fits in a row: a = 26.5, 0.25
+    # and 0.48 ms, the first one's 512 KiB samples all slow; docs/benchmarks.md).  Before each
+    # timed collective, one of a single element lines the ranks up (a barrier, as collective
+    # benchmarks time): else the ranks' spread in finishing the last, largest one is charged
+    # to the next, smallest one (4 KiB after 32 MiB measured 98-110 ms where 33 ms is its cost).
+    for rep in range(reps + 1):                      # the first is a warm-up (negotiation, cache)
+        for size in chosen:
+            transport.wait(transport.submit(align, f"{prefix}.align", transport.sum))
             start = time.perf_counter()
-            run(tensor, f"{prefix}.{size}")
+            run(tensors[size], f"{prefix}.{size}")
             if rep:
-                times.append(time.perf_counter() - start)
-        samples.append((size, statistics.median(times)))
+                times[size].append(time.perf_counter() - start)
+    samples = [(size, statistics.median(times[size])) for size in chosen]
     model = (fit_floored([s for s, _ in samples], [t for _, t in samples])
              if transport.rank() == 0 else None)
     return transport.broadcast_object((model, samples), f"{prefix}.fit")

@@ -219,9 +219,11 @@ def refit_offset(rows: Sequence[tuple[float, float, float]]) -> tuple[float, flo
     The all-reduce count is what tells the candidates apart in what the model misses (each
     window's start-up, submission and completion, on the cores that compute; a per-iteration
     error common to all is ``d_fixed``).  With fewer than two distinct counts the fit is the
-    mean residual alone (``d_op = 0``).  ``d_op`` is added to the correction of the cost
-    model's ``a`` used when the next plan of this job is made (after drift); ``profile_out``
-    records it, but a later job does not read it back yet.
+    mean residual alone (``d_op = 0``).  ``d_op`` may be negative: a start-up fitted on a busy
+    moment charged each all-reduce more than the race then saw it cost (``candidates.corrected``
+    takes it off again, down to zero).  It is added to the correction of the cost model used
+    when the next plan of this job is made (after drift); ``profile_out`` records it, but a
+    later job does not read it back yet.
     """
     points = [(float(p), float(m), float(k)) for p, m, k in rows
               if p is not None and m is not None and math.isfinite(m)]
@@ -234,5 +236,4 @@ def refit_offset(rows: Sequence[tuple[float, float, float]]) -> tuple[float, flo
     if len(set(ops)) < 2 or spread == 0:
         return 0.0, mean_r
     d_op = sum((k - mean_k) * (r - mean_r) for k, r in zip(ops, residual)) / spread
-    d_op = max(d_op, 0.0)                 # a start-up costs at least what the model says
     return d_op, mean_r - d_op * mean_k

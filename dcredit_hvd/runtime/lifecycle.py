@@ -146,7 +146,7 @@ class PlanLifecycle:
             # The last race's refit (``race.refit_offset``) corrects the link it plans on.
             planned_on = corrected(cost, state.refit_per_allreduce)
             keywords = {"overlap_forward": state.overlap, "workers": state.transport.size(),
-                        "halves": state.halves_cost}
+                        "halves": state.halves_cost, "collectives": state.transport.execution()}
             payload = (planning.decide_race(profile, planned_on, state.config, **keywords)
                        if race else (*planning.decide(profile, planned_on, state.config,
                                                       **keywords), []))

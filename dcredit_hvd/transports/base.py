@@ -22,6 +22,7 @@ import torch
 
 from ..liveness.channels import Lease
 from ..liveness.heartbeat import Settings
+from ..planning.engine import Execution
 
 #: A pending collective, as ``submit`` returns it.
 Handle = Any
@@ -63,6 +64,9 @@ class Transport(Protocol):
 
     def gpu_operations(self) -> bool:
         """Whether the library reduces CUDA tensors itself (else they are staged on the host)."""
+
+    def execution(self) -> Execution:
+        """How the collectives run once submitted (cycle, fusion), for the simulator."""
 
     def submit(self, tensor: torch.Tensor, name: str, op: Any, prescale: float = 1.0,
                postscale: float = 1.0) -> Handle:

@@ -51,6 +51,7 @@ import torch.distributed as dist
 from ..liveness import handshake, interfaces
 from ..liveness import heartbeat as liveness
 from ..liveness.channels import Channels, Lease
+from ..planning.engine import Execution
 from ..runtime.scheduler import PeerLostError
 from .ordering import Entry, IssueOrder, OrderMismatchError, Submission
 from .shards import check_shard, chunk, flat_length, shard_bounds
@@ -280,6 +281,10 @@ class TorchTransport:
 
     def gpu_operations(self) -> bool:
         return self.channel.nccl
+
+    def execution(self) -> Execution:
+        """Each collective starts when it is submitted, alone: no cycle, no fusion."""
+        return Execution(cycle_s=0.0, fusion_bytes=0)
 
     # -- collectives ---------------------------------------------------------------------------
     def submit(self, tensor: torch.Tensor, name: str, op: Any, prescale: float = 1.0,

@@ -11,6 +11,7 @@ from dcredit_hvd.config import SchedulerConfig
 from dcredit_hvd.planning import decision, simulator
 from dcredit_hvd.planning.candidates import Schedule, corrected
 from dcredit_hvd.planning.costmodel import CostModel
+from dcredit_hvd.planning.engine import Execution
 from dcredit_hvd.planning.profile import Profile
 from dcredit_hvd.planning.race import Entry, Race, RaceSettings, format_table, refit_offset
 from dcredit_hvd.policies.ddp import DDPBuckets
@@ -119,7 +120,23 @@ def test_the_refit_finds_a_per_allreduce_cost_the_model_missed():
     assert d_op == pytest.approx(2e-4) and d_fixed == pytest.approx(1e-3)
     assert refit_offset([(0.01, 0.012, 5), (0.01, 0.014, 5)]) == (0.0, pytest.approx(0.003))
     cost = CostModel(a=1e-4, b=1e-9)
-    assert corrected(cost, 2e-4).a == pytest.approx(3e-4) and corrected(cost, -1.0) is cost
+    assert corrected(cost, 2e-4).a == pytest.approx(3e-4) and corrected(cost, 0.0) is cost
+
+
+def test_a_start_up_fitted_too_high_is_taken_off_by_the_refit_down_to_zero():
+    # Candidates with more all-reduces ran 5 ms each FASTER than predicted (the start-up was
+    # fitted on a busy moment): the refit says so, and the corrected model charges less.
+    rows = [(0.5, 0.5 - 5e-3 * k, k) for k in (10, 30, 120)]
+    d_op, d_fixed = refit_offset(rows)
+    assert d_op == pytest.approx(-5e-3) and d_fixed == pytest.approx(0.0, abs=1e-12)
+    cost = CostModel(a=8e-3, b=1e-9, floor=20e-3)
+    fixed = corrected(cost, d_op)
+    assert fixed.a == pytest.approx(3e-3) and fixed.floor == pytest.approx(15e-3)
+    assert fixed.time(1e6) == pytest.approx(cost.time(1e6) - 5e-3)
+    clamped = corrected(cost, -0.05)
+    assert clamped.a == 0.0 and clamped.floor == 0.0 and clamped.b == cost.b
+    # Positive, every all-reduce costs more, the small ones under the floor too.
+    assert corrected(cost, 1e-3).time(1.0) == pytest.approx(cost.time(1.0) + 1e-3)
 
 
 def test_race_settings_refuse_bad_rounds_and_margins():
@@ -153,8 +170,10 @@ def test_the_candidates_hold_the_top_plans_first_then_every_expressible_baseline
 
 def test_each_baseline_candidate_is_priced_by_the_simulator_as_the_baseline_itself():
     config = SchedulerConfig.resolve()
-    _, _, _, found = decision.decide_race(PROFILE, COST, config, overlap_forward=False)
-    sim = {"cycle_s": decision.horovod_cycle_seconds(),
+    horovod = Execution(cycle_s=0.002, fusion_bytes=1 << 20)
+    _, _, _, found = decision.decide_race(PROFILE, COST, config, overlap_forward=False,
+                                          collectives=horovod)
+    sim = {"cycle_s": 0.002, "fusion_bytes": 1 << 20,
            "block_overhead_s": decision.BLOCK_OVERHEAD_S[False]}
     by = {s.label: s for s in found}
     bs = simulator.simulate(PROFILE, COST, "bytescheduler", partition_bytes=config.partition_bytes,
@@ -162,6 +181,22 @@ def test_each_baseline_candidate_is_priced_by_the_simulator_as_the_baseline_itse
     assert by["bytescheduler"].predicted_s == pytest.approx(bs.iteration_s)
     wfbp = simulator.simulate(PROFILE, COST, "wfbp", **sim)
     assert by["wfbp/horovod"].predicted_s == pytest.approx(wfbp.iteration_s)
+
+
+def test_wfbp_is_priced_fused_under_horovod_and_one_collective_per_tensor_on_torch_distributed():
+    # Under Horovod the runtime's one-collective-per-tensor schedule is fused by Horovod's own
+    # cycle (hvd.DistributedOptimizer's schedule); torch.distributed runs each one alone.
+    config = SchedulerConfig.resolve()
+    costly = CostModel(a=2e-3, b=8e-10)                # a start-up that fusing saves
+    def wfbp(collectives):
+        found = decision.decide_race(PROFILE, costly, config, overlap_forward=True,
+                                     collectives=collectives)[3]
+        return next(s for s in found if s.label == "wfbp/horovod")
+    fused = wfbp(Execution(cycle_s=0.001, fusion_bytes=128 << 20))
+    alone = wfbp(Execution(cycle_s=0.0, fusion_bytes=0))
+    assert alone.ops_per_iteration == PROFILE.num_tensors
+    assert fused.ops_per_iteration < PROFILE.num_tensors / 2
+    assert fused.predicted_s < alone.predicted_s
 
 
 def test_ddp_buckets_are_cut_in_backward_order_up_to_25_mib():

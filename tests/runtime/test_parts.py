@@ -10,6 +10,7 @@ import torch
 
 from dcredit_hvd import arguments, transports
 from dcredit_hvd.config import SchedulerConfig
+from dcredit_hvd.planning.engine import Execution
 from dcredit_hvd.policies import Immediate
 from dcredit_hvd.runtime import assembly as runtime
 from dcredit_hvd.runtime import checks, lifetime, units
@@ -47,6 +48,7 @@ class FakeTransport:
     def job_size(self): return self._size
     def is_up(self): return self.up
     def gpu_operations(self): return False
+    def execution(self): return Execution(cycle_s=0.0, fusion_bytes=0)
 
     def submit(self, tensor, name, op, prescale=1.0, postscale=1.0):
         self.sent.append(name)

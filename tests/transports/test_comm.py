@@ -85,3 +85,14 @@ def test_an_object_survives_a_sum_with_the_zeros_other_ranks_send(obj):
     total = words + torch.zeros_like(words)
     assert comm._from_words(total) == obj
     assert len(pickle.dumps(obj)) <= 4 * words.numel() < len(pickle.dumps(obj)) + 4
+
+
+def test_the_simulator_is_told_horovods_cycle_and_fusion_as_horovod_reads_them(monkeypatch):
+    monkeypatch.delenv("HOROVOD_CYCLE_TIME", raising=False)
+    monkeypatch.delenv("HOROVOD_FUSION_THRESHOLD", raising=False)
+    assert comm.execution() == comm.Execution(cycle_s=0.001, fusion_bytes=128 << 20)
+    monkeypatch.setenv("HOROVOD_CYCLE_TIME", "8.5")
+    monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", "0")
+    assert comm.execution() == comm.Execution(cycle_s=0.0085, fusion_bytes=0)
+    monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", "lots")      # unreadable: the default
+    assert comm.execution().fusion_bytes == 128 << 20

@@ -58,6 +58,8 @@ def test_submit_averages_like_ddp_and_sums_with_horovods_scaling() -> None:
         assert link.issue_log() == ["a", "s"]
         assert (link.rank(), link.size(), link.job_rank(), link.job_size()) == (0, 1, 0, 1)
         assert link.is_up() and not link.gpu_operations() and link.included()
+        # Each collective starts at once, alone: the simulator is told no cycle, no fusion.
+        assert (link.execution().cycle_s, link.execution().fusion_bytes) == (0.0, 0)
     """)
 
 
