@@ -283,6 +283,23 @@ def startup_seconds(hvd: Any, repeats: int = 15) -> float:
     return statistics.median(seconds)
 
 
+def halves_costs(hvd: Any, total_bytes: int) -> list[dict[str, float]]:
+    """The reduce-scatter's and the all-gather's cost models on this link, fitted as the
+    sharded optimizer fits them (``profiler.measure_cost_model``), beside nothing else: DeAR's
+    rows are priced with them.  ``halves.split_cost`` (half an all-reduce each) is no guess to
+    price them with here: Horovod's Gloo reduce-scatter measured 81% of an all-reduce's
+    seconds per byte on 8 hosts, its all-gather 53% (docs/benchmarks.md)."""
+    import dataclasses
+
+    from dcredit_hvd.planning.profiler import measure_cost_model
+    from dcredit_hvd.transports.horovod import HorovodTransport
+
+    transport = HorovodTransport(hvd.global_process_set)
+    return [dataclasses.asdict(measure_cost_model(total_bytes, transport, collective=what,
+                                                  prefix=f"emulate.halves.{what}")[0])
+            for what in ("reduce_scatter", "all_gather")]
+
+
 def update_cost(model: Any, dilation: replay.Dilation) -> float:
     """Cluster ms of one plain SGD update of the replay's parameters (real CPU work, not
     replayed; reported beside the table)."""
@@ -333,6 +350,8 @@ def main(argv: list[str] | None = None) -> int:
         "loadavg_start": os.getloadavg(), "policies": {}}
     results["update_ms"] = update_cost(fresh(), dilation)
     results["startup_wall_s"] = startup_seconds(hvd)
+    if any(PolicyName.parse(p).base == "dear" for p in args.policies):
+        results["halves_wall"] = halves_costs(hvd, dilation.scaled_bytes(profile.total_bytes))
     results["compute"] = runner.run("compute only", make_step("compute", fresh(), hvd,
                                                              dilation, x, runner.spin)[0])
     results["communication"] = runner.run("communication only", communication_step(

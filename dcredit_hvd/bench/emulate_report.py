@@ -39,7 +39,8 @@ def bounds(profile: Profile, hosts: int, dilation: replay.Dilation) -> dict[str,
 
 
 def predictions(profile: Profile, hosts: int, dilation: replay.Dilation,
-                kept: dict[str, Any], policies: list[str], startup_s: float) -> dict[str, Any]:
+                kept: dict[str, Any], policies: list[str], startup_s: float,
+                halves: list[dict[str, float]] | None = None) -> dict[str, Any]:
     """Each policy simulated on the emulated profile and link (wall seconds, emulated bytes,
     Horovod's dilated cycle), divided by K: cluster ms.  ``a`` and the floor
     (``CostModel.floor``) are dcredit's live fit when it ran (as ``dcredit_hvd.bench.sidebyside`` does:
@@ -49,7 +50,8 @@ def predictions(profile: Profile, hosts: int, dilation: replay.Dilation,
     fusion (each block its own all-reduce at once) and their own live fit's ``a`` and floor
     when they made one.  The sharded rows are simulated on the two halves
     (``simulate(shard=True)``), with the reduce-scatter's and all-gather's costs their
-    optimizer fitted live."""
+    optimizer fitted live; the ``dear`` rows with the launch's own fit of the two halves
+    (``halves``: ``emulate.halves_costs``), when it made one."""
     from ..policies.dcredit import DCredit
 
     emulated = replay.emulated_profile(profile, dilation)
@@ -89,6 +91,8 @@ def predictions(profile: Profile, hosts: int, dilation: replay.Dilation,
             kwargs.update(partition_bytes=config.partition_bytes, credit_bytes=config.credit_bytes)
         elif base == "dear" and config is not None:
             policy = dear_policy(config)
+        if base == "dear" and halves:
+            kwargs.update(scatter_cost=CostModel(**halves[0]), gather_cost=CostModel(**halves[1]))
         elif base == "dcredit":
             made = getattr(kept.get(name), "plan", None)
             if made is None:
@@ -110,7 +114,8 @@ def analyse(results: dict[str, Any], profile: Profile, dilation: replay.Dilation
     b = results["bounds"] = bounds(profile, hosts, dilation)
     sim = results["simulated"] = predictions(profile, hosts, dilation, kept,
                                              list(results["policies"]),
-                                             results.get("startup_wall_s", 0.0))
+                                             results.get("startup_wall_s", 0.0),
+                                             results.get("halves_wall"))
     checks: dict[str, Any] = {}
     compute = results["compute"]["ms_mean"]
     checks["compute_replay"] = _check(compute, b["compute_ms"], COMPUTE_TOLERANCE,

@@ -593,3 +593,41 @@ def test_horovods_wait_runs_at_sched_idle_and_its_cpu_is_counted_apart() -> None
     with pytest.raises(RuntimeError), spin():
         raise RuntimeError("the wait failed")
     assert os.sched_getscheduler(0) == before[0]
+
+
+def test_report_prices_dear_with_the_launchs_own_fit_of_the_two_halves(monkeypatch) -> None:
+    """Where the launch fitted the reduce-scatter and the all-gather (``halves_wall``), DeAR's
+    row is priced with them: Horovod's Gloo reduce-scatter is no half of an all-reduce."""
+    import types
+
+    from dcredit_hvd.bench import emulate_report
+    from dcredit_hvd.config import SchedulerConfig
+    from dcredit_hvd.planning import simulator
+    from dcredit_hvd.planning.costmodel import CostModel
+    from dcredit_hvd.policies import DeAR
+
+    monkeypatch.setenv("HOROVOD_CYCLE_TIME", "4")
+    monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", str(5 << 20))
+    profile, _ = replay.load(replay.shipped("vgg16"))
+    d = Dilation.for_cluster("10gbit", "100mbit", byte_scale=25)
+    buffer = (25 << 20) // 25
+    config = SchedulerConfig.resolve(environ={}, policy="dear", group_bytes=buffer)
+    emulated = replay.emulated_profile(profile, d)
+    b = emulate_report.link_need(emulated.total_bytes, 8, "100000000bit")["seconds"] \
+        / emulated.total_bytes
+    scatter, gather = CostModel(a=0.005, b=0.8 * b, floor=0.07), CostModel(a=0.0, b=0.53 * b)
+
+    def dear_ms(halves):
+        results = fake_results(profile, d, 8, {"compute": 780.0, "communication": 800.0,
+                                               "dear": 900.0})
+        if halves:
+            results["halves_wall"] = halves
+        emulate_report.analyse(results, profile, d, kept={"dear": types.SimpleNamespace(
+            scheduler_config=config, plan=None, measured=(None, CostModel(a=0.001, b=1e-9)))})
+        return results["policies"]["dear"]["simulated_ms"]
+
+    common = {"overlap_forward": True, "cycle_s": 0.004, "fusion_bytes": 5 << 20}
+    fitted = simulator.simulate(emulated, CostModel(a=0.001, b=b), DeAR(buffer),
+                                scatter_cost=scatter, gather_cost=gather, **common).iteration_s
+    assert dear_ms([vars(scatter), vars(gather)]) == pytest.approx(d.cluster(fitted) * 1e3)
+    assert dear_ms(None) < dear_ms([vars(scatter), vars(gather)]) / 1.05
