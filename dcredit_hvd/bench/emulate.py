@@ -246,7 +246,8 @@ def run_race(opt: Any, step: Callable[[], None], dilation: replay.Dilation) -> d
              for row in race["table"]]
     return {"winner": race["winner"], "iterations": n, "table": table,
             "cluster_ms": dilation.cluster(time.perf_counter() - began) * 1e3,
-            "cost_ms": dilation.cluster(race["cost_s"]) * 1e3}
+            "cost_ms": dilation.cluster(race["cost_s"]) * 1e3,
+            "refit_per_allreduce_s": race["refit"]["per_allreduce_s"]}
 
 
 def communication_step(model: Any, hvd: Any, poll_seconds: float) -> Callable[[], None]:

@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..planning import simulator
+from ..planning.candidates import corrected
 from ..planning.costmodel import CostModel
 from ..planning.profile import Profile
 from . import replay
@@ -40,7 +41,8 @@ def bounds(profile: Profile, hosts: int, dilation: replay.Dilation) -> dict[str,
 
 def predictions(profile: Profile, hosts: int, dilation: replay.Dilation,
                 kept: dict[str, Any], policies: list[str], startup_s: float,
-                halves: list[dict[str, float]] | None = None) -> dict[str, Any]:
+                halves: list[dict[str, float]] | None = None,
+                refits: dict[str, float] | None = None) -> dict[str, Any]:
     """Each policy simulated on the emulated profile and link (wall seconds, emulated bytes,
     Horovod's dilated cycle), divided by K: cluster ms.  ``a`` and the floor
     (``CostModel.floor``) are dcredit's live fit when it ran (as ``dcredit_hvd.bench.sidebyside`` does:
@@ -51,7 +53,9 @@ def predictions(profile: Profile, hosts: int, dilation: replay.Dilation,
     when they made one.  The sharded rows are simulated on the two halves
     (``simulate(shard=True)``), with the reduce-scatter's and all-gather's costs their
     optimizer fitted live; the ``dear`` rows with the launch's own fit of the two halves
-    (``halves``: ``emulate.halves_costs``), when it made one."""
+    (``halves``: ``emulate.halves_costs``), when it made one.  Where the row whose live fit
+    is used raced (``refits``: its race's per-all-reduce correction, wall seconds), every row
+    is priced on the link after that refit (``candidates.corrected``), as the next plan is."""
     from ..policies.dcredit import DCredit
 
     emulated = replay.emulated_profile(profile, dilation)
@@ -66,10 +70,14 @@ def predictions(profile: Profile, hosts: int, dilation: replay.Dilation,
     link_b = need["seconds"] / emulated.total_bytes
     # The live fit's startup and floor, with the link model's seconds per byte.
     cost = replace(measured[1], b=link_b) if measured else CostModel(a=probe_a, b=link_b)
+    refit = (refits or {}).get(fits[0][0], 0.0) if fits else 0.0
+    source = "dcredit live fit" if measured else "startup probe"
+    if refit:
+        cost = corrected(cost, refit)
+        source += f", then the race's refit {refit * 1e3:+.1f} ms per all-reduce"
     fusion = int(os.environ.get("HOROVOD_FUSION_THRESHOLD", 128 << 20))
     out: dict[str, Any] = {"a_wall_s": cost.a, "floor_wall_s": cost.floor, "a_probe_wall_s": probe_a,
-                           "cycle_wall_s": cycle,
-                           "a_source": "dcredit live fit" if measured else "startup probe"}
+                           "cycle_wall_s": cycle, "refit_wall_s": refit, "a_source": source}
     for name in policies:
         parsed = PolicyName.parse(name)
         base, overlap = parsed.base, parsed.overlap
@@ -115,7 +123,10 @@ def analyse(results: dict[str, Any], profile: Profile, dilation: replay.Dilation
     sim = results["simulated"] = predictions(profile, hosts, dilation, kept,
                                              list(results["policies"]),
                                              results.get("startup_wall_s", 0.0),
-                                             results.get("halves_wall"))
+                                             results.get("halves_wall"),
+                                             {name: run["race"]["refit_per_allreduce_s"]
+                                              for name, run in results["policies"].items()
+                                              if "refit_per_allreduce_s" in run.get("race", {})})
     checks: dict[str, Any] = {}
     compute = results["compute"]["ms_mean"]
     checks["compute_replay"] = _check(compute, b["compute_ms"], COMPUTE_TOLERANCE,

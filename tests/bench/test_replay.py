@@ -631,3 +631,39 @@ def test_report_prices_dear_with_the_launchs_own_fit_of_the_two_halves(monkeypat
                                 scatter_cost=scatter, gather_cost=gather, **common).iteration_s
     assert dear_ms([vars(scatter), vars(gather)]) == pytest.approx(d.cluster(fitted) * 1e3)
     assert dear_ms(None) < dear_ms([vars(scatter), vars(gather)]) / 1.05
+
+
+def test_report_simulates_every_row_after_the_races_refit_of_the_live_fit(monkeypatch) -> None:
+    """The race of the row whose live fit prices the table found each all-reduce cheaper than
+    the fit said: the rows are priced on the corrected link (``candidates.corrected``), as the
+    next plan is, and the JSON says so."""
+    import types
+
+    from dcredit_hvd.bench import emulate_report
+    from dcredit_hvd.planning import simulator
+    from dcredit_hvd.planning.candidates import corrected
+    from dcredit_hvd.planning.costmodel import CostModel
+
+    monkeypatch.setenv("HOROVOD_CYCLE_TIME", "4")
+    monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", str(5 << 20))
+    profile, _ = replay.load(replay.shipped("vgg16"))
+    d = Dilation.for_cluster("10gbit", "100mbit", byte_scale=25)
+    sizes = types.SimpleNamespace(partition_bytes=160_000, credit_bytes=640_000)
+    fitted = CostModel(a=0.02, b=1e-9, floor=0.2)
+    results = fake_results(profile, d, 8, {"compute": 780.0, "communication": 800.0,
+                                           "bytescheduler": 950.0})
+    results["policies"]["bytescheduler"]["race"] = {"refit_per_allreduce_s": -0.015}
+    emulate_report.analyse(results, profile, d, kept={"bytescheduler": types.SimpleNamespace(
+        scheduler_config=sizes, plan=None, measured=(None, fitted))})
+    emulated = replay.emulated_profile(profile, d)
+    b = emulate_report.link_need(emulated.total_bytes, 8, "100000000bit")["seconds"] \
+        / emulated.total_bytes
+    common = {"overlap_forward": True, "partition_bytes": 160_000, "credit_bytes": 640_000,
+              "cycle_s": 0.004, "fusion_bytes": 5 << 20}
+    after = simulator.simulate(emulated, corrected(CostModel(a=0.02, b=b, floor=0.2), -0.015),
+                               "bytescheduler", **common).iteration_s
+    sim = results["simulated"]
+    assert sim["refit_wall_s"] == -0.015 and "refit" in sim["a_source"]
+    assert sim["a_wall_s"] == pytest.approx(0.005) and sim["floor_wall_s"] == pytest.approx(0.185)
+    assert results["policies"]["bytescheduler"]["simulated_ms"] == pytest.approx(
+        d.cluster(after) * 1e3)
