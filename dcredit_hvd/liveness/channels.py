@@ -14,21 +14,41 @@ holds none, or that one is ending).  All equal: it is reused.  Otherwise every r
 new one (the same collectives the first one took), and an older channel still leased here
 lives on until its own leases are given back.  A lease is taken before the agreement, so a
 finalizer that releases the last old lease during it cannot end a channel just agreed on.
+
+The torch.distributed transport's issue order (``transports/order_stream.py``: a follower's
+thread and rank 0's connections) is shared and leased by the same rules: anything with the
+``Shared`` methods.
 """
 from __future__ import annotations
 
 from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol
 
-from .heartbeat import Liveness, PeerEvent
+from .heartbeat import PeerEvent
+
+
+class Shared(Protocol):
+    """What a leased channel offers (``heartbeat.Liveness``, ``order_stream.OrderStream``)."""
+
+    token: Any                      # equal on the ranks that hold the same channel
+
+    def hold(self) -> Optional[object]: ...
+
+    def release(self, token: object, wait: bool = True) -> None: ...
+
+    @property
+    def ended(self) -> bool: ...
+
+    @property
+    def lost(self) -> list[PeerEvent]: ...
 
 
 @dataclass(eq=False)
 class Lease:
     """One optimizer's hold on a channel; ``release`` once (later calls do nothing)."""
 
-    channel: Liveness
+    channel: Shared
     token: object
     released: bool = False
 
@@ -44,11 +64,11 @@ class Channels:
     ones still leased (whose losses still count)."""
 
     def __init__(self) -> None:
-        self._current: dict[Hashable, Liveness] = {}
-        self._open: list[Liveness] = []
+        self._current: dict[Hashable, Shared] = {}
+        self._open: list[Shared] = []
 
     def lease(self, key: Hashable, allgather: Callable[[Any], list],
-              open_channel: Callable[[], Liveness]) -> Lease:
+              open_channel: Callable[[], Shared]) -> Lease:
         """A lease on the group's channel: the current one if every rank holds it, else a new
         one from ``open_channel`` (collective, on every rank).  ``allgather(obj)``: every
         rank's ``obj``, in rank order."""

@@ -62,8 +62,13 @@ def assemble(opt: torch.optim.Optimizer, base: type, state: OptimizerState,
     lifetime.take_over(state, stacklevel=4)
     # Every collective this optimizer issues is named under its own prefix (instances.py).
     state.initial = initial_order(state)
+    # The count in it is agreed over the ranks (none in an elastic job: a construction there
+    # runs no collective, so it is this process's own).
+    agree = None if state.elastic else (
+        lambda count: transport.allgather_object(count, "dcredit.prefix"))
     state.prefix = instances.prefix_for(transport.group_id(),
-                                        [(state.names[p], tuple(p.shape)) for p in state.initial])
+                                        [(state.names[p], tuple(p.shape)) for p in state.initial],
+                                        agree)
     instrument = Instrumentation(state)
     lifecycle = PlanLifecycle(state, instrument)
     overlap = Overlap(state, lifecycle, instrument)

@@ -24,8 +24,7 @@ def construction(state: OptimizerState) -> dict:
         "op": str(state.op),
         "compression": getattr(state.compression, "__name__",
                                type(state.compression).__name__),
-        # Last: it differs whenever the parameters do; alone, ranks built different numbers
-        # of optimizers over these parameters before (instances.py).
+        # Last: it differs whenever the parameters do (its count is agreed: instances.py).
         "prefix": state.prefix,
     }
 

@@ -7,10 +7,13 @@ Two things depend on which other optimizers exist (``docs/design.md``, "Several 
   and discriminator, two parameter groups of one model) may be in flight at once, so every
   name an optimizer issues starts with its own prefix: a digest of its process set and its
   parameters' names and shapes, which every rank computes alike, plus ``.k`` for the k-th
-  optimizer created in this process with the same digest (two models with identical names, an
-  optimizer rebuilt on the same model).  A creation count, not the live optimizers: which
-  optimizers are still alive depends on when each rank's garbage collector ran, whereas ranks
-  of one job create optimizers in the same order.  The construction check compares prefixes.
+  optimizer created with the same digest (two models with identical names, an optimizer
+  rebuilt on the same model).  A creation count, not the live optimizers: which optimizers are
+  still alive depends on when each rank's garbage collector ran.  And the count is agreed, the
+  largest over the ranks: a rank's process may be younger than the others' (Fabric's script
+  launcher starts a fresh rank-1 process for each ``launch()`` while rank 0's process lives on),
+  so its own count would be smaller.  The largest is one that no live optimizer of any rank
+  uses, and every later creation counts from it.
 * **Ownership of parameters.**  An optimizer's hooks fire on every backward for as long as it
   lives.  A new optimizer over parameters that a live one still holds (the user rebound the
   variable, or dropped it while its last updates were in flight) takes them over: the old one
@@ -22,7 +25,7 @@ import hashlib
 import weakref
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Callable, Optional
 
 #: digest -> optimizers created with it so far
 _created: Counter[str] = Counter()
@@ -30,19 +33,26 @@ _created: Counter[str] = Counter()
 _live: weakref.WeakKeyDictionary[Any, tuple[str, frozenset[int]]] = weakref.WeakKeyDictionary()
 
 
-def prefix_for(process_set_id: Any, described: Sequence[tuple]) -> str:
+def prefix_for(process_set_id: Any, described: Sequence[tuple],
+               agree: Optional[Callable[[int], list]] = None) -> str:
     """``dcredit.<digest>[.<k>]``: ``described`` holds ``(name, shape)`` of each parameter.
-    ``k`` counts the optimizers with this digest that were built (``register``) before; a
+    ``k`` counts the optimizers with this digest that were built (``register``) before, the
+    largest over the ranks when ``agree`` (every rank's count, all-gathered) is given; a
     construction that failed (ranks disagreed) counts on no rank."""
     text = repr((process_set_id, tuple(described)))
     base = "dcredit." + hashlib.sha256(text.encode()).hexdigest()[:10]
     k = _created[base]
+    if agree is not None:
+        k = max(agree(k))
     return base if k == 0 else f"{base}.{k}"
 
 
 def register(optimizer: Any, prefix: str, params: Iterable[Any]) -> None:
-    """``optimizer`` was built: it hooks ``params`` and its digest counts one more creation."""
-    _created[".".join(prefix.split(".")[:2])] += 1
+    """``optimizer`` was built under ``prefix``: it hooks ``params``, and its digest's next
+    creation counts from the prefix's ``k``."""
+    base, _, k = prefix.partition(".")[2].partition(".")
+    base = "dcredit." + base
+    _created[base] = max(_created[base], int(k or 0) + 1)
     _live[optimizer] = (prefix, frozenset(id(p) for p in params))
 
 

@@ -106,5 +106,6 @@ def close(state: OptimizerState, overlap: Any, owner: Any, why: str) -> None:
             state.gathers.close()
         if state.peers is not None:
             state.peers.release()      # the last optimizer here ends the channel (a goodbye)
+        state.transport.close()        # torch.distributed: the issue order's lease likewise
         instances.unregister(owner)
     state.closed = f" {why}" if why else ""

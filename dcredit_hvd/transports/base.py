@@ -104,3 +104,7 @@ class Transport(Protocol):
         """A lease on the liveness channel among the group's ranks (collective: the ranks agree
         to reuse the one they all hold, else open one), whose losses the scheduler subscribes
         to; None when there is none.  The channel ends with the last lease on this rank."""
+
+    def close(self) -> None:
+        """The optimizer is closed: give back what it holds of the library (torch.distributed:
+        its lease on the group's issue order, whose last one ends a follower's thread)."""

@@ -456,6 +456,9 @@ class HorovodTransport:
     def watch_peers(self, settings: Any = None) -> Any:
         return watch_peers(self.process_set, settings)
 
+    def close(self) -> None:
+        """Nothing to give back: Horovod's background thread is Horovod's (``hvd.shutdown``)."""
+
 
 def local_step_module() -> str:
     """The ``__module__`` for which ``hvd.broadcast_optimizer_state`` runs a local ``step()``.

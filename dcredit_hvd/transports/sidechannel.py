@@ -148,10 +148,27 @@ class Star:
 
     # -- traffic -------------------------------------------------------------------------------
     def send(self, data: bytes) -> None:
-        """Rank 0: ``data`` (whole lines) to every follower, in the order of the calls."""
+        """Rank 0: ``data`` (whole lines) to every follower, in the order of the calls.  A
+        follower that closed its end is dropped; the others still get every line."""
         with self._send_lock:
+            gone = []
             for sock in self._followers:
-                sock.sendall(data)
+                try:
+                    sock.sendall(data)
+                except OSError:
+                    gone.append(sock)
+            for sock in gone:
+                self._followers.remove(sock)
+                sock.close()
+
+    def follower_socket(self) -> socket.socket:
+        """A follower: its connection to rank 0 (to ``select`` on)."""
+        assert self._to_root is not None, "only a follower that joined has one"
+        return self._to_root
+
+    def line_buffered(self) -> bool:
+        """A follower: whether a whole line is read already (``receive`` will not block)."""
+        return self._lines is not None and b"\n" in self._lines.buffer
 
     def receive(self) -> Optional[bytes]:
         """A follower: rank 0's next line, or None once rank 0 closed (or ``close`` here)."""

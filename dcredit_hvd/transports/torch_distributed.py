@@ -37,11 +37,11 @@ and order, never of bandwidth.  Gloo takes float32, float64, float16 and bfloat1
 """
 from __future__ import annotations
 
-import atexit
 import os
 import socket
 import threading
 import time
+import weakref
 from datetime import timedelta
 from typing import Any, Optional
 
@@ -53,9 +53,9 @@ from ..liveness import heartbeat as liveness
 from ..liveness.channels import Channels, Lease
 from ..planning.engine import Execution
 from ..runtime.scheduler import PeerLostError
+from .order_stream import OrderStream
 from .ordering import Entry, IssueOrder, OrderMismatchError, Submission
 from .shards import check_shard, chunk, flat_length, shard_bounds
-from .sidechannel import Star
 
 #: The reduction ops users pass as ``op`` (``None`` is the average, as in DDP).
 AVERAGE = dist.ReduceOp.AVG
@@ -130,7 +130,8 @@ NOT_INITIALIZED = (
 
 
 class Channel:
-    """The ordered stream of one group's collectives (one per group, in every process)."""
+    """One group's own process groups and host layout (one per group, in every process, for
+    the group's life); its issue order is an ``OrderStream``, leased by each transport."""
 
     def __init__(self, group: Any) -> None:
         self.group = group
@@ -145,29 +146,15 @@ class Channel:
         self.wire = dist.new_group(self.ranks, backend=backend, use_local_synchronization=True)
         self.objects = dist.new_group(self.ranks, backend="gloo", timeout=SIDE_TIMEOUT,
                                       use_local_synchronization=True)
-        self.order = IssueOrder(self.rank == 0, self._issue, self._post, order_timeout())
-        self.star: Optional[Star] = None
         #: Every rank of the group on this host (the side channel and liveness listen on
-        #: loopback then); all-gathered once, at the side channel's set-up.
-        self.single_host = True
-        self._closed = False
-        if self.size > 1:
-            self._connect()
-            if self.rank != 0:
-                threading.Thread(target=self._receive, name="dcredit-order", daemon=True).start()
-            atexit.register(self.close)
+        #: loopback then).
+        self.single_host = self.size < 2 or len(set(self.allgather(socket.gethostname()))) == 1
 
-    def _connect(self) -> None:
-        """The side channel: rank 0's address and a fresh secret over the objects group."""
-        secret = self.broadcast(handshake.new_secret() if self.rank == 0 else None)
-        self.single_host = len(set(self.allgather(socket.gethostname()))) == 1
+    def open_stream(self) -> OrderStream:
+        """A new issue order over the group, with its side channel (collective)."""
         bind = interfaces.listen_address(liveness.settings().bind, single_host=self.single_host)
-        self.star = Star(self.rank, self.size, secret, bind)
-        address = self.broadcast(self.star.address() if self.rank == 0 else None)
-        if self.rank == 0:
-            self.star.accept_followers()
-        else:
-            self.star.join(tuple(address))
+        return OrderStream(self.rank, self.size, self.issue, self.broadcast, bind,
+                           order_timeout(), FAILURE)
 
     # -- the objects group (the training thread's collectives) --------------------------------
     def broadcast(self, obj: Any, root: int = 0) -> Any:
@@ -182,7 +169,7 @@ class Channel:
         dist.all_gather_object(out, obj, group=self.objects)
         return out
 
-    def _issue(self, sub: Submission) -> Any:
+    def issue(self, sub: Submission) -> Any:
         """Start one collective on the gradients' group (the order's lock is held)."""
         if sub.entry.kind == "reduce_scatter" and self.nccl:
             return _REDUCE_SCATTER(sub.payload["out"], sub.payload["wire"], op=dist.ReduceOp.SUM,
@@ -198,34 +185,6 @@ class Channel:
             tensor.mul_(prescale)
         reduce = dist.ReduceOp.SUM if op == AVERAGE else op
         return dist.all_reduce(tensor, op=reduce, group=self.wire, async_op=True)
-
-    def _post(self, entry: Entry) -> None:
-        """Rank 0: publish what it just issued (the order's lock is held, so lines go out in
-        the issue order)."""
-        if self.star is None:           # a group of one: nobody follows
-            return
-        try:
-            self.star.send(entry.encode().encode() + b"\n")
-        except OSError:
-            pass        # a follower is gone: its collective fails, the liveness channel names it
-
-    def _receive(self) -> None:
-        """A follower's thread: rank 0's entries, in order, into the issue order."""
-        while True:
-            line = self.star.receive()
-            if line is None:
-                if not self._closed:
-                    self.order.fail(FAILURE("dcredit_hvd: rank 0's order of collectives ended "
-                                            "(rank 0 exited or its process died): nothing more "
-                                            "can be reduced"))
-                return
-            self.order.follow([Entry.decode(line.decode())])
-
-    def close(self) -> None:
-        """End the side channel (at exit): a follower's thread ends with it."""
-        self._closed = True
-        if self.star is not None:
-            self.star.close()
 
 
 #: One channel per group: ``id(group) -> (group, channel)`` (the group kept so its id is unique).
@@ -243,6 +202,8 @@ def channel(group: Any) -> Channel:
 
 #: The liveness channel of each group, while an optimizer on this rank leases it.
 _peers = Channels()
+#: The issue order of each group, while a transport on this rank leases it (order_stream.py).
+_streams = Channels()
 
 
 class TorchTransport:
@@ -257,6 +218,25 @@ class TorchTransport:
         self.group = default_group() if group is None else group
         self.member = not _outside(self.group)
         self.channel = channel(self.group) if self.member else None
+        #: This transport's hold on the group's issue order (order_stream.py): given back by
+        #: ``close()``, or by the finalizer when the transport (its optimizer) is collected.
+        self._stream: Optional[Lease] = None
+        if self.member:
+            self._stream = _streams.lease(
+                self._peers_key(), self.channel.allgather, self.channel.open_stream)
+            self._release = weakref.finalize(self, self._stream.release, False)
+
+    @property
+    def order(self) -> IssueOrder:
+        """The group's issue order this transport submits to."""
+        return self._stream.channel.order
+
+    def close(self) -> None:
+        """Give back the hold on the group's issue order (the optimizer's ``close``); the last
+        transport here ends it, and a follower's thread with it."""
+        if self._stream is not None:
+            self._release.detach()
+            self._stream.release()
 
     def rank(self) -> int:
         return self.channel.rank if self.member else -1
@@ -296,7 +276,7 @@ class TorchTransport:
         sub = Submission(Entry(name, tensor.numel(), _dtype(tensor)),
                          {"wire": wire, "op": op, "prescale": prescale, "scale": scale,
                           "out": tensor})
-        return self.channel.order.submit(sub)
+        return self.order.submit(sub)
 
     def reduce_scatter(self, flat: torch.Tensor, name: str, op: Any) -> Submission:
         """This rank's shard of ``flat`` reduced over the group (``base.Transport``), once
@@ -321,7 +301,7 @@ class TorchTransport:
                           "scale": 1.0 / size if op == AVERAGE else 1.0, "device": flat.device,
                           # the shard is copied out of Gloo's whole vector, which is freed
                           "copy": not self.channel.nccl})
-        return self.channel.order.submit(sub)
+        return self.order.submit(sub)
 
     def all_gather(self, shard: torch.Tensor, name: str, numel: int) -> Submission:
         """The whole ``numel``-element vector from every rank's shard (``base.Transport``),
@@ -335,7 +315,7 @@ class TorchTransport:
                          {"wire": wire, "out": wire.new_empty(chunk(numel, size) * size),
                           "offset": 0, "keep": numel, "scale": 1.0, "device": shard.device,
                           "copy": False})
-        return self.channel.order.submit(sub)
+        return self.order.submit(sub)
 
     def _device(self, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor`` where the wire group reduces: CUDA for NCCL, the host for Gloo."""
@@ -361,7 +341,7 @@ class TorchTransport:
         if handle.error is not None:
             return True
         if not handle.issued:
-            self.channel.order.check(handle)
+            self.order.check(handle)
             return handle.error is not None
         return handle.work.is_completed()
 
@@ -404,7 +384,7 @@ class TorchTransport:
 
     def issue_log(self) -> list[str]:
         """The names this rank issued on the group, in order (the last ``LOG_ENTRIES``)."""
-        return list(self.channel.order.log)
+        return list(self.order.log)
 
     def watch_peers(self, settings: Any = None) -> Optional[Lease]:
         """A lease on the liveness channel among the group's ranks, as in

@@ -57,3 +57,17 @@ def test_holders_are_the_live_optimizers_that_hook_any_of_the_parameters():
     del other
     gc.collect()
     assert instances.holders([r]) == []
+
+
+def test_the_count_is_the_largest_over_the_ranks_and_later_creations_count_from_it():
+    """A rank whose process is younger (Fabric's script launcher starts a fresh rank-1 process
+    for each ``launch()``) has built fewer optimizers: the agreed count is the ranks' largest,
+    so both name their collectives alike, and this process counts on from there."""
+    described = _described("agreed.count")
+    base = instances.prefix_for(0, described)
+    seen = []
+    agreed = instances.prefix_for(0, described, agree=lambda k: seen.append(k) or [k, 3])
+    assert seen == [0] and agreed == f"{base}.3"
+    instances.register(_Opt(), agreed, [])
+    assert instances.prefix_for(0, described) == f"{base}.4"
+    assert instances.prefix_for(0, described, agree=lambda k: [k, 1]) == f"{base}.4"

@@ -72,6 +72,8 @@ class FakeTransport:
 
     def watch_peers(self, settings=None): return None
 
+    def close(self): pass
+
 
 def _state(params, names=None, **config) -> OptimizerState:
     names = names or {p: f"p{i}" for i, p in enumerate(params)}

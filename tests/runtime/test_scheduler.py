@@ -150,14 +150,31 @@ def test_error_in_completion_thread_surfaces_in_the_training_thread():
 
 
 def test_close_stops_the_completion_thread():
-    link = FakeLink(auto=True)
+    link = FakeLink()                          # in flight until the test completes them
     sched, layouts = make(Immediate(), link)
     sched.start_iteration()
     sched.enqueue(0, items_for(layouts[0]))
-    sched.wait_all()
     thread = sched._thread
     sched.close()
     assert thread is not None and not thread.is_alive()
+
+
+def test_the_completion_thread_ends_when_wait_all_ends_the_iteration_and_the_next_starts_one():
+    """A framework's harness (Lightning's, Fabric's) fails a test that leaves a thread behind
+    right after its last step: the thread must be gone when ``wait_all`` returns."""
+    link = FakeLink()
+    sched, layouts = make(Immediate(), link)
+    for _ in range(2):
+        sched.start_iteration()
+        sched.enqueue(0, items_for(layouts[0]))
+        thread = sched._thread
+        assert thread is not None and thread.is_alive()
+        link.complete_all()
+        sched.wait_all()
+        assert not thread.is_alive()
+        assert sched._thread is None
+    assert len(link.submitted) == 2 * len(layouts[0].blocks)
+    sched.close()
 
 
 def test_blocks_that_never_complete_raise_a_stall_error_naming_them():
