@@ -62,7 +62,8 @@ def predictions(profile: Profile, hosts: int, dilation: replay.Dilation,
     need = link_need(emulated.total_bytes, hosts, f"{dilation.link_rate}bit")
     if need is None:
         return {}
-    cycle = float(os.environ.get("HOROVOD_CYCLE_TIME", "1")) / 1e3
+    horovod = simulator.horovod_execution(os.environ)     # as the launch's Horovod reads them
+    cycle = horovod.cycle_s
     fits = [(name, k.measured) for name, k in kept.items() if getattr(k, "measured", None)]
     fits.sort(key=lambda fit: PolicyName.parse(fit[0]).transport is not None)   # Horovod's first
     measured = fits[0][1] if fits else None
@@ -75,7 +76,7 @@ def predictions(profile: Profile, hosts: int, dilation: replay.Dilation,
     if refit:
         cost = corrected(cost, refit)
         source += f", then the race's refit {refit * 1e3:+.1f} ms per all-reduce"
-    fusion = int(os.environ.get("HOROVOD_FUSION_THRESHOLD", 128 << 20))
+    fusion = horovod.fusion_bytes
     out: dict[str, Any] = {"a_wall_s": cost.a, "floor_wall_s": cost.floor, "a_probe_wall_s": probe_a,
                            "cycle_wall_s": cycle, "refit_wall_s": refit, "a_source": source}
     for name in policies:

@@ -164,13 +164,15 @@ def simulated_row(profile: Any, cost: Any, policy: PolicyName, kept: Any,
     ``halves``: a sharded row is priced with the reduce-scatter and all-gather costs its
     optimizer fitted live (else each is half of ``cost``, ``halves.split_cost``).
 
-    Over Horovod: its 1 ms cycle and 128 MiB fusion.  The ``-td`` rows' transport issues each
+    Over Horovod: its cycle and fusion as this environment sets them (its defaults, 1 ms and
+    128 MiB, unless ``HOROVOD_*`` says otherwise).  The ``-td`` rows' transport issues each
     block as its own all-reduce as soon as the scheduler releases it: no cycle, no fusion."""
     from dcredit_hvd.planning.decision import simulator
     from dcredit_hvd.policies import DCredit
 
+    horovod = simulator.horovod_execution(os.environ)
     kwargs: dict[str, Any] = {"overlap_forward": policy.overlap and policy.base != "horovod",
-                              "fusion_bytes": 128 << 20}
+                              "fusion_bytes": horovod.fusion_bytes, "cycle_s": horovod.cycle_s}
     if policy.transport is not None:
         kwargs.update(cycle_s=0.0, fusion_bytes=0)
     if policy.shard:                     # split in halves: the runtime's step() (halves.py)

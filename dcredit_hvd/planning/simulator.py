@@ -51,7 +51,7 @@ from ..policies.wfbp import WFBP
 from . import halves as two_halves
 from .blocks import TensorLayout, build_layout, group_runs, partition
 from .costmodel import CostModel
-from .engine import Engine, Iteration, Op, SimulationStalled  # noqa: F401  (re-exported)
+from .engine import Engine, Execution, Iteration, Op, SimulationStalled  # noqa: F401  (re-exported)
 from .plan import GATHER_ORDERS
 from .profile import Profile
 
@@ -61,6 +61,24 @@ DEFAULT_CREDIT_BYTES = 16_000_000
 #: Horovod 0.28 defaults: ``HOROVOD_CYCLE_TIME`` 1 ms, ``HOROVOD_FUSION_THRESHOLD`` 128 MiB.
 DEFAULT_CYCLE_S = 0.001
 DEFAULT_FUSION_BYTES = 128 << 20
+
+
+def horovod_execution(environ: Mapping[str, str]) -> Execution:
+    """Horovod's cycle and fusion threshold as Horovod reads them from ``environ`` at ``init``:
+    ``HOROVOD_CYCLE_TIME`` (ms) and ``HOROVOD_FUSION_THRESHOLD`` (bytes), else its defaults
+    above; a value that is not a number >= 0 counts as unset.  (Under ``HOROVOD_AUTOTUNE``
+    Horovod changes both while it runs; schedules are then priced at the starting values.)"""
+    def number(name: str, default: float) -> float:
+        text = environ.get(name, "").strip()
+        try:
+            value = float(text) if text else default
+        except ValueError:
+            return default
+        return value if value >= 0 else default
+
+    return Execution(cycle_s=number("HOROVOD_CYCLE_TIME", DEFAULT_CYCLE_S * 1e3) / 1e3,
+                     fusion_bytes=int(number("HOROVOD_FUSION_THRESHOLD", DEFAULT_FUSION_BYTES)))
+
 #: Fixed cost of one all-reduce besides the network (kernel launch, fusion-buffer set-up,
 #: Horovod's per-response bookkeeping).  The per-cycle negotiation is the cycle itself.
 DEFAULT_OP_OVERHEAD_S = 50e-6

@@ -35,7 +35,7 @@ from ..liveness import handshake, interfaces
 from ..liveness import heartbeat as liveness
 from ..liveness.channels import Channels, Lease
 from ..planning.engine import Execution
-from ..planning.simulator import DEFAULT_CYCLE_S, DEFAULT_FUSION_BYTES
+from ..planning.simulator import horovod_execution
 from ..runtime.scheduler import PeerLostError
 from .shards import check_shard, chunk, flat_length, shard_bounds
 
@@ -74,21 +74,9 @@ def is_initialized() -> bool:
 
 
 def execution() -> Execution:
-    """Horovod's cycle and fusion threshold as this process's Horovod read them at ``init``:
-    ``HOROVOD_CYCLE_TIME`` (ms) and ``HOROVOD_FUSION_THRESHOLD`` (bytes), else its 0.28 defaults
-    (the simulator's ``DEFAULT_CYCLE_S`` and ``DEFAULT_FUSION_BYTES``).
-    (Under ``HOROVOD_AUTOTUNE`` Horovod changes both while it runs; the simulator then prices
-    schedules at the starting values.)"""
-    def number(name: str, default: float) -> float:
-        text = os.environ.get(name, "").strip()
-        try:
-            value = float(text) if text else default
-        except ValueError:
-            return default
-        return value if value >= 0 else default
-
-    return Execution(cycle_s=number("HOROVOD_CYCLE_TIME", DEFAULT_CYCLE_S * 1e3) / 1e3,
-                     fusion_bytes=int(number("HOROVOD_FUSION_THRESHOLD", DEFAULT_FUSION_BYTES)))
+    """Horovod's cycle and fusion threshold as this process's Horovod read them at ``init``
+    (``simulator.horovod_execution``: the environment, else Horovod's defaults)."""
+    return horovod_execution(os.environ)
 
 
 def gpu_operations_built() -> bool:

@@ -258,6 +258,23 @@ def fake_results(profile: Profile, d: Dilation, hosts: int, times: dict) -> dict
             "policies": {name: run(ms) for name, ms in times.items()}}
 
 
+@pytest.fixture
+def vgg16_8h(monkeypatch) -> tuple:
+    """The shipped VGG-16 profile on 8 emulated hosts of 10 Gbit/s (a 100 Mbit/s link, bytes
+    scaled by 25), under a 4 ms Horovod cycle and 5 MiB fusion: ``(profile, dilation,
+    emulated profile, the link's seconds per byte)``, as the report tests price it."""
+    from dcredit_hvd.bench import emulate_report
+
+    monkeypatch.setenv("HOROVOD_CYCLE_TIME", "4")
+    monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", str(5 << 20))
+    profile, _ = replay.load(replay.shipped("vgg16"))
+    d = Dilation.for_cluster("10gbit", "100mbit", byte_scale=25)
+    emulated = replay.emulated_profile(profile, d)
+    b = emulate_report.link_need(emulated.total_bytes, 8, "100000000bit")["seconds"] \
+        / emulated.total_bytes
+    return profile, d, emulated, b
+
+
 def test_report_bounds_checks_and_speedups() -> None:
     from dcredit_hvd.bench import emulate_report
 
@@ -281,7 +298,7 @@ def test_report_bounds_checks_and_speedups() -> None:
     assert results["policies"]["dcredit"]["x_bound"] == pytest.approx(800 / b["bound_ms"])
 
 
-def test_report_simulates_td_rows_without_horovods_cycle_on_their_own_fit(monkeypatch) -> None:
+def test_report_simulates_td_rows_without_horovods_cycle_on_their_own_fit(vgg16_8h) -> None:
     """A ``-td`` row (torch.distributed): no cycle, no fusion, its own live fit's startup; the
     rows over Horovod keep the dilated cycle and the Horovod-measured startup, even when the
     -td row made its fit first."""
@@ -291,10 +308,7 @@ def test_report_simulates_td_rows_without_horovods_cycle_on_their_own_fit(monkey
     from dcredit_hvd.planning import simulator
     from dcredit_hvd.planning.costmodel import CostModel
 
-    monkeypatch.setenv("HOROVOD_CYCLE_TIME", "4")
-    monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", str(5 << 20))
-    profile, _ = replay.load(replay.shipped("vgg16"))
-    d = Dilation.for_cluster("10gbit", "100mbit", byte_scale=25)
+    profile, d, emulated, b = vgg16_8h
     sizes = types.SimpleNamespace(partition_bytes=160_000, credit_bytes=640_000)
 
     def kept(a: float) -> types.SimpleNamespace:
@@ -304,9 +318,6 @@ def test_report_simulates_td_rows_without_horovods_cycle_on_their_own_fit(monkey
                                            "wfbp-td": 900.0, "wfbp": 950.0})
     emulate_report.analyse(results, profile, d, kept={"wfbp-td": kept(0.002),
                                                       "wfbp": kept(0.03)})
-    emulated = replay.emulated_profile(profile, d)
-    b = emulate_report.link_need(emulated.total_bytes, 8, "100000000bit")["seconds"] \
-        / emulated.total_bytes
     common = {"overlap_forward": True, "partition_bytes": 160_000, "credit_bytes": 640_000}
     td = simulator.simulate(emulated, CostModel(a=0.002, b=b), "wfbp", cycle_s=0.0,
                             fusion_bytes=0, **common).iteration_s
@@ -318,7 +329,7 @@ def test_report_simulates_td_rows_without_horovods_cycle_on_their_own_fit(monkey
     assert td != pytest.approx(horovod)
 
 
-def test_report_simulates_with_the_live_fits_floor(monkeypatch) -> None:
+def test_report_simulates_with_the_live_fits_floor(vgg16_8h) -> None:
     """The live fit's floor (``CostModel.floor``) reaches the predictions: a floor that the
     partitions' all-reduces fall under changes the simulated time, and is kept in the JSON."""
     import types
@@ -327,19 +338,13 @@ def test_report_simulates_with_the_live_fits_floor(monkeypatch) -> None:
     from dcredit_hvd.planning import simulator
     from dcredit_hvd.planning.costmodel import CostModel
 
-    monkeypatch.setenv("HOROVOD_CYCLE_TIME", "4")
-    monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", str(5 << 20))
-    profile, _ = replay.load(replay.shipped("vgg16"))
-    d = Dilation.for_cluster("10gbit", "100mbit", byte_scale=25)
+    profile, d, emulated, b = vgg16_8h
     sizes = types.SimpleNamespace(partition_bytes=160_000, credit_bytes=640_000)
     fitted = CostModel(a=0.001, b=1e-9, floor=0.2)
     results = fake_results(profile, d, 8, {"compute": 780.0, "communication": 800.0,
                                            "bytescheduler": 950.0})
     emulate_report.analyse(results, profile, d, kept={"bytescheduler": types.SimpleNamespace(
         scheduler_config=sizes, plan=None, measured=(None, fitted))})
-    emulated = replay.emulated_profile(profile, d)
-    b = emulate_report.link_need(emulated.total_bytes, 8, "100000000bit")["seconds"] \
-        / emulated.total_bytes
     common = {"overlap_forward": True, "partition_bytes": 160_000, "credit_bytes": 640_000,
               "cycle_s": 0.004, "fusion_bytes": 5 << 20}
     floored = simulator.simulate(emulated, CostModel(a=0.001, b=b, floor=0.2), "bytescheduler",
@@ -352,7 +357,7 @@ def test_report_simulates_with_the_live_fits_floor(monkeypatch) -> None:
     assert floored > line * 1.05
 
 
-def test_report_simulates_sharded_rows_on_the_halves_with_their_fitted_costs(monkeypatch) -> None:
+def test_report_simulates_sharded_rows_on_the_halves_with_their_fitted_costs(vgg16_8h) -> None:
     """A ``-shard`` row is predicted as the runtime runs it (reduce-scatters, the step's
     barrier, all-gathers; ``simulate(shard=True)``) with the halves its optimizer fitted, not
     as the unsharded policy."""
@@ -362,14 +367,8 @@ def test_report_simulates_sharded_rows_on_the_halves_with_their_fitted_costs(mon
     from dcredit_hvd.planning import simulator
     from dcredit_hvd.planning.costmodel import CostModel
 
-    monkeypatch.setenv("HOROVOD_CYCLE_TIME", "4")
-    monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", str(5 << 20))
-    profile, _ = replay.load(replay.shipped("vgg16"))
-    d = Dilation.for_cluster("10gbit", "100mbit", byte_scale=25)
+    profile, d, emulated, b = vgg16_8h
     sizes = types.SimpleNamespace(partition_bytes=160_000, credit_bytes=640_000)
-    emulated = replay.emulated_profile(profile, d)
-    b = emulate_report.link_need(emulated.total_bytes, 8, "100000000bit")["seconds"] \
-        / emulated.total_bytes
     fitted = CostModel(a=0.001, b=1e-9)
     halves = (CostModel(a=0.002, b=0.8 * b), CostModel(a=0.003, b=0.9 * b))   # Gloo's, slower
     results = fake_results(profile, d, 8, {"compute": 780.0, "communication": 800.0,
@@ -391,7 +390,7 @@ def test_report_simulates_sharded_rows_on_the_halves_with_their_fitted_costs(mon
     assert sharded > plain * 1.05
 
 
-def test_report_simulates_dear_with_the_buffer_size_its_run_used(monkeypatch) -> None:
+def test_report_simulates_dear_with_the_buffer_size_its_run_used(vgg16_8h) -> None:
     """The emulated run scales DeAR's 25 MiB buffers like the tensors (``group_bytes``): its
     prediction must use that size, not DeAR's default (one buffer for the whole model)."""
     import types
@@ -402,19 +401,13 @@ def test_report_simulates_dear_with_the_buffer_size_its_run_used(monkeypatch) ->
     from dcredit_hvd.planning.costmodel import CostModel
     from dcredit_hvd.policies import DeAR
 
-    monkeypatch.setenv("HOROVOD_CYCLE_TIME", "4")
-    monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", str(5 << 20))
-    profile, _ = replay.load(replay.shipped("vgg16"))
-    d = Dilation.for_cluster("10gbit", "100mbit", byte_scale=25)
+    profile, d, emulated, b = vgg16_8h
     buffer = (25 << 20) // 25
     config = SchedulerConfig.resolve(environ={}, policy="dear", group_bytes=buffer)
     results = fake_results(profile, d, 8, {"compute": 780.0, "communication": 800.0,
                                            "dear": 900.0})
     emulate_report.analyse(results, profile, d, kept={"dear": types.SimpleNamespace(
         scheduler_config=config, plan=None, measured=(None, CostModel(a=0.001, b=1e-9)))})
-    emulated = replay.emulated_profile(profile, d)
-    b = emulate_report.link_need(emulated.total_bytes, 8, "100000000bit")["seconds"] \
-        / emulated.total_bytes
     common = {"overlap_forward": True, "cycle_s": 0.004, "fusion_bytes": 5 << 20}
     scaled = simulator.simulate(emulated, CostModel(a=0.001, b=b), DeAR(buffer),
                                 **common).iteration_s
@@ -595,7 +588,7 @@ def test_horovods_wait_runs_at_sched_idle_and_its_cpu_is_counted_apart() -> None
     assert os.sched_getscheduler(0) == before[0]
 
 
-def test_report_prices_dear_with_the_launchs_own_fit_of_the_two_halves(monkeypatch) -> None:
+def test_report_prices_dear_with_the_launchs_own_fit_of_the_two_halves(vgg16_8h) -> None:
     """Where the launch fitted the reduce-scatter and the all-gather (``halves_wall``), DeAR's
     row is priced with them: Horovod's Gloo reduce-scatter is no half of an all-reduce."""
     import types
@@ -606,15 +599,9 @@ def test_report_prices_dear_with_the_launchs_own_fit_of_the_two_halves(monkeypat
     from dcredit_hvd.planning.costmodel import CostModel
     from dcredit_hvd.policies import DeAR
 
-    monkeypatch.setenv("HOROVOD_CYCLE_TIME", "4")
-    monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", str(5 << 20))
-    profile, _ = replay.load(replay.shipped("vgg16"))
-    d = Dilation.for_cluster("10gbit", "100mbit", byte_scale=25)
+    profile, d, emulated, b = vgg16_8h
     buffer = (25 << 20) // 25
     config = SchedulerConfig.resolve(environ={}, policy="dear", group_bytes=buffer)
-    emulated = replay.emulated_profile(profile, d)
-    b = emulate_report.link_need(emulated.total_bytes, 8, "100000000bit")["seconds"] \
-        / emulated.total_bytes
     scatter, gather = CostModel(a=0.005, b=0.8 * b, floor=0.07), CostModel(a=0.0, b=0.53 * b)
 
     def dear_ms(halves):
@@ -633,7 +620,7 @@ def test_report_prices_dear_with_the_launchs_own_fit_of_the_two_halves(monkeypat
     assert dear_ms(None) < dear_ms([vars(scatter), vars(gather)]) / 1.05
 
 
-def test_report_simulates_every_row_after_the_races_refit_of_the_live_fit(monkeypatch) -> None:
+def test_report_simulates_every_row_after_the_races_refit_of_the_live_fit(vgg16_8h) -> None:
     """The race of the row whose live fit prices the table found each all-reduce cheaper than
     the fit said: the rows are priced on the corrected link (``candidates.corrected``), as the
     next plan is, and the JSON says so."""
@@ -644,10 +631,7 @@ def test_report_simulates_every_row_after_the_races_refit_of_the_live_fit(monkey
     from dcredit_hvd.planning.candidates import corrected
     from dcredit_hvd.planning.costmodel import CostModel
 
-    monkeypatch.setenv("HOROVOD_CYCLE_TIME", "4")
-    monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", str(5 << 20))
-    profile, _ = replay.load(replay.shipped("vgg16"))
-    d = Dilation.for_cluster("10gbit", "100mbit", byte_scale=25)
+    profile, d, emulated, b = vgg16_8h
     sizes = types.SimpleNamespace(partition_bytes=160_000, credit_bytes=640_000)
     fitted = CostModel(a=0.02, b=1e-9, floor=0.2)
     results = fake_results(profile, d, 8, {"compute": 780.0, "communication": 800.0,
@@ -655,9 +639,6 @@ def test_report_simulates_every_row_after_the_races_refit_of_the_live_fit(monkey
     results["policies"]["bytescheduler"]["race"] = {"refit_per_allreduce_s": -0.015}
     emulate_report.analyse(results, profile, d, kept={"bytescheduler": types.SimpleNamespace(
         scheduler_config=sizes, plan=None, measured=(None, fitted))})
-    emulated = replay.emulated_profile(profile, d)
-    b = emulate_report.link_need(emulated.total_bytes, 8, "100000000bit")["seconds"] \
-        / emulated.total_bytes
     common = {"overlap_forward": True, "partition_bytes": 160_000, "credit_bytes": 640_000,
               "cycle_s": 0.004, "fusion_bytes": 5 << 20}
     after = simulator.simulate(emulated, corrected(CostModel(a=0.02, b=b, floor=0.2), -0.015),
