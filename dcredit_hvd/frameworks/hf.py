@@ -39,6 +39,7 @@ from transformers import Trainer, TrainerCallback
 import dcredit_hvd
 from dcredit_hvd.config import SchedulerConfig
 
+from .accelerate_setup import sync_each_batch
 from .hf_setup import active, refuse_unsupported
 from .hf_setup import settings as _settings
 from .hf_shards import FullOptimizerState, clip_by_global_norm
@@ -113,9 +114,11 @@ class DCreditTrainer(Trainer):
             raise ValueError("dcredit_hvd.hf: the optimizer passed in optimizers= is already a "
                              "distributed optimizer; pass the plain torch optimizer: "
                              "DCreditTrainer wraps it")
+        # With sync_each_batch every backward reduces (``training_step``), as DDP's does then.
+        passes = 1 if sync_each_batch(self.accelerator) else self.args.gradient_accumulation_steps
         wrapped = dcredit_hvd.DistributedOptimizer(
             inner, named_parameters=self.model.named_parameters(),
-            backward_passes_per_step=self.args.gradient_accumulation_steps,
+            backward_passes_per_step=passes,
             model=self.model if self._dcredit_model else None, **self._dcredit_settings)
         scheduler = self.lr_scheduler          # passed in optimizers=, built on ``inner``
         if scheduler is not None and getattr(scheduler, "optimizer", None) is inner:
@@ -127,7 +130,10 @@ class DCreditTrainer(Trainer):
     def training_step(self, model: nn.Module, inputs: dict[str, Any],
                       num_items_in_batch: Any = None) -> torch.Tensor:
         """Forward and backward; after the last micro-batch of an optimizer step, wait for the
-        reduced gradients (the Trainer clips and measures them before ``step()``)."""
+        reduced gradients (the Trainer clips and measures them before ``step()``).  Under
+        ``accelerator_config``'s ``sync_each_batch`` every other micro-batch is reduced too, as
+        under DDP (which then skips ``no_sync``): the next backward adds its own gradients to
+        the mean, and the mean of those sums is DDP's."""
         opt = self._dcredit_opt
         if (opt is not None and not self._dcredit_window_open
                 and self.args.ddp_broadcast_buffers is not False):
@@ -143,6 +149,8 @@ class DCreditTrainer(Trainer):
                 clip_by_global_norm(opt, self.args.max_grad_norm)     # shard=True only
                 self._dcredit_skip.close()
                 self._dcredit_skip.enter_context(opt.skip_synchronize())
+        elif opt is not None and sync_each_batch(self.accelerator):
+            opt.synchronize()
         return loss
 
     def _dcredit_end_of_step(self) -> None:

@@ -11,6 +11,7 @@ from transformers import Trainer
 
 from dcredit_hvd.config import SchedulerConfig
 
+from .accelerate_setup import sync_each_batch
 from .keywords import dcredit_keywords
 
 #: Launchers' world sizes: several processes without torch.distributed (horovodrun, mpirun).
@@ -49,6 +50,12 @@ def refuse_unsupported(trainer: Trainer, settings: dict[str, Any], overlap: bool
             raise ValueError(f"dcredit_hvd.hf: DCreditTrainer does not support {what}: "
                              "it replaces DDP, and that setup reduces gradients (or wraps "
                              "the model) its own way; use transformers.Trainer for it")
+    if settings.get("shard") and sync_each_batch(trainer.accelerator):
+        raise ValueError("dcredit_hvd.hf: shard=True with accelerator_config's "
+                         "gradient_accumulation_kwargs sync_each_batch=True: a sharded "
+                         "reduction leaves each rank only its slice, and the next micro-batch "
+                         "cannot add to it; use sync_each_batch=False (the default) or "
+                         "shard=False")
     if settings.get("shard") and args.fp16 and args.max_grad_norm:
         raise ValueError("dcredit_hvd.hf: shard=True with fp16 and max_grad_norm > 0: the "
                          "loss scaler unscales the gradients after DCreditTrainer clips "

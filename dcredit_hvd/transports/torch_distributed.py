@@ -5,7 +5,8 @@ users' groups; ``None`` is the default group).  ``torch.distributed`` matches co
 order they are issued in, so every collective the scheduler submits goes through the group's
 ``Channel``: rank 0 issues at once and publishes each entry over a side group; every other rank
 issues in that published order (``ordering.IssueOrder``, ``docs/design.md`` "One order without a
-coordinator").  One channel per group, shared by every optimizer over it.
+coordinator").  One channel per group, shared by every optimizer over it; its issue order and
+side channel are an ``order_stream.OrderStream``, which lives while a transport here leases it.
 
 Two groups of its own per channel, over the user's group's ranks (made by those ranks only), so
 that no two threads, and none of the user's own collectives, interleave on one group:

@@ -15,6 +15,7 @@ logged losses (and eval losses, grad norms) of both runs, and whether the ranks'
 """
 from __future__ import annotations
 
+import copy
 import gc
 import json
 import os
@@ -128,8 +129,22 @@ def _arguments(out: Path, extra: dict) -> tf.TrainingArguments:
                 per_device_eval_batch_size=BATCH, learning_rate=5e-3, logging_steps=1,
                 report_to=[], use_cpu=True, dataloader_num_workers=0, save_strategy="no",
                 seed=0, disable_tqdm=True, log_level="error", log_level_replica="error")
-    base.update(extra)
+    base.update(copy.deepcopy(extra))     # the Trainer writes into accelerator_config's dicts
     return tf.TrainingArguments(**base)
+
+
+class SubstepGrads(tf.TrainerCallback):
+    """The gradients' norm after each micro-batch that does not step (``on_substep_end``):
+    reduced there only under ``sync_each_batch``, DDP's and ours alike."""
+
+    def __init__(self) -> None:
+        self.norms: list[float] = []
+
+    def on_substep_end(self, args: Any, state: Any, control: Any, model: Any = None,
+                       **kwargs: Any) -> None:
+        grads = [p.grad.detach().float().flatten() for p in model.parameters()
+                 if p.grad is not None]
+        self.norms.append(torch.cat(grads).norm().item() if grads else 0.0)
 
 
 def train(run: Run, out: Path, resume: Optional[str] = None,
@@ -140,9 +155,10 @@ def train(run: Run, out: Path, resume: Optional[str] = None,
     torch.manual_seed(0)
     model = make_model()
     args = _arguments(out, run.args)
+    substeps = SubstepGrads()
     kwargs: dict[str, Any] = dict(model=model, args=args,
                                   train_dataset=RandomSamples(run.samples, make_sample),
-                                  callbacks=list(callbacks))
+                                  callbacks=[*callbacks, substeps])
     if args.eval_strategy != "no":
         kwargs["eval_dataset"] = RandomSamples(16, make_sample)
     if run.user_optimizer:
@@ -161,6 +177,7 @@ def train(run: Run, out: Path, resume: Optional[str] = None,
     seconds = time.time() - started
     weights = {k: v.detach().clone().float() for k, v in trainer.model.state_dict().items()}
     result = {"weights": weights, "history": trainer.state.log_history, "seconds": seconds,
+              "substep_grad_norm": substeps.norms,
               "cross_rank": _cross_rank_difference(weights),
               "wrapped": type(trainer.model_wrapped).__name__,
               "optimizer": type(trainer.optimizer).__name__}
@@ -205,6 +222,8 @@ def compare(mine: dict, reference: dict) -> dict:
         series[key] = ([h[key] for h in mine["history"] if key in h and "train_runtime" not in h],
                        [h[key] for h in reference["history"]
                         if key in h and "train_runtime" not in h])
+    series["substep_grad_norm"] = (mine.get("substep_grad_norm", []),
+                                   reference.get("substep_grad_norm", []))
     return {"max_abs": max_abs, "within_tolerance": excess <= 0, "worst_tensor": worst,
             "series": series, "cross_rank": mine["cross_rank"],
             "seconds": mine["seconds"], "reference_seconds": reference["seconds"],
@@ -237,6 +256,11 @@ def main_cases() -> dict[str, tuple[Run, Run]]:
         cases[f"gpt2-accum-clip-eval-cosine-{policy}"] = (
             Run("gpt2", FEATURES, {"policy": policy}, samples=40), Run("gpt2", FEATURES,
                                                                         samples=40))
+    # accelerator_config's sync_each_batch: DDP reduces every micro-batch, and so do we
+    synced = dict(FEATURES, accelerator_config={"gradient_accumulation_kwargs":
+                                                {"sync_each_batch": True}})
+    cases["gpt2-sync-each-batch-accum-clip-dcredit"] = (
+        Run("gpt2", synced, {"policy": "dcredit"}, samples=40), Run("gpt2", synced, samples=40))
     cases["gpt2-bf16"] = (Run("gpt2", {"bf16": True}, {"policy": "dcredit"}),
                           Run("gpt2", {"bf16": True}))
     cases["gpt2-bf16-overlap"] = (
@@ -276,6 +300,9 @@ REFUSED: dict[str, tuple[dict, dict, bool]] = {
     "dcredit-sets-model": ({}, {"dcredit": {"model": None}}, False),
     "unknown-keyword": ({}, {"dcredit": {"partition": 1}}, False),
     "already-distributed": ({}, {}, True),
+    "shard-sync-each-batch": ({"accelerator_config": {"gradient_accumulation_kwargs":
+                                                      {"sync_each_batch": True}}},
+                              {"dcredit": {"shard": True}}, False),
 }
 
 

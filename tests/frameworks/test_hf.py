@@ -45,7 +45,7 @@ PARITY = ([f"{m}-{p}{o}" for m in ("gpt2", "bert") for p in POLICIES for o in ("
           + ["gpt2-wfbp-nomodel", "cnn-dcredit", "cnn-wfbp-overlap", "gpt2-clip",
              "gpt2-accum-clip-eval-cosine-dcredit", "gpt2-accum-clip-eval-cosine-wfbp",
              "gpt2-bf16", "gpt2-bf16-overlap", "bert-user-optimizer-steplr", "cnn-shard-clip",
-             "gpt2-shard-dcredit"])
+             "gpt2-shard-dcredit", "gpt2-sync-each-batch-accum-clip-dcredit"])
 RESUMED = ["resume-accum-clip-eval", "resume-overlap", "resume-shard"]
 REFUSED = {
     "overlap-with-clipping": ("ValueError", "needs max_grad_norm=0"),
@@ -54,6 +54,7 @@ REFUSED = {
     "dcredit-sets-model": ("ValueError", "dcredit= cannot set model"),
     "unknown-keyword": ("TypeError", "unknown dcredit= keyword(s) partition"),
     "already-distributed": ("ValueError", "already a distributed optimizer"),
+    "shard-sync-each-batch": ("ValueError", "shard=True with accelerator_config's"),
 }
 
 pytestmark = pytest.mark.skipif(not (BIN / "torchrun").exists(), reason="torchrun not installed")
@@ -135,6 +136,10 @@ def test_dcredit_trainer_matches_trainer_on_ddp(main_job: dict, name: str) -> No
         pass      # the logged grad_norm is this rank's part (docs/frameworks-hf.md)
     else:
         assert _close(grad_norm, ref_grad_norm), f"grad norms differ: {grad_norm} vs {ref_grad_norm}"
+    mine, ref = case["series"]["substep_grad_norm"]
+    assert _close(mine, ref), f"gradients after a micro-batch that does not step: {mine} vs {ref}"
+    if "sync-each-batch" in name:
+        assert mine, "no micro-batch without a step: nothing checked"
     if "dcredit" in name.split("-")[1:2]:
         assert case["plan"], "dcredit never installed its plan"
 
