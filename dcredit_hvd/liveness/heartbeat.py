@@ -47,6 +47,7 @@ from typing import Callable, Optional
 from . import handshake, interfaces
 from .mesh import PENDING_SPARE, REDIALS, Mesh, Peer  # noqa: F401
 from .settings import CONFIG_FIELD, ENV, Settings, check, settings, validate  # noqa: F401
+from .threads import Stoppable
 
 log = logging.getLogger("dcredit_hvd")
 
@@ -146,7 +147,7 @@ class Liveness:
         self._mesh.start(table)
         if self.exit_on_loss:
             atexit.register(self._at_exit)
-        self._thread = threading.Thread(target=self._run, name="dcredit-liveness", daemon=True)
+        self._thread = Stoppable(self._run, "dcredit-liveness", self.end)
         self._thread.start()
 
     # -- what callers see -------------------------------------------------------------------

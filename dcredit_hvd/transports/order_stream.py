@@ -33,6 +33,7 @@ import threading
 from typing import Any, Callable, Optional
 
 from ..liveness import handshake
+from ..liveness.threads import Stoppable
 from .ordering import Entry, IssueOrder, Submission
 from .sidechannel import Star
 
@@ -71,10 +72,9 @@ class OrderStream:
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
-        self._thread: Optional[threading.Thread] = None
+        self._thread: Optional[Stoppable] = None
         if self.star is not None and rank != 0:
-            self._thread = threading.Thread(target=self._receive, name="dcredit-order",
-                                            daemon=True)
+            self._thread = Stoppable(self._receive, "dcredit-order", self.close)
             self._thread.start()
         atexit.register(self.close)
 

@@ -105,3 +105,26 @@ def test_an_optimizer_dropped_without_close_gives_its_hold_back_from_the_finaliz
     assert_all_ranks(_over(stream), "rank 0 kept the collected optimizer's order")
     assert_all_ranks(_same_parameters(model), "the new order's all-reduces differ across ranks")
     again.close()
+
+
+def test_a_harness_that_stops_our_daemon_threads_ends_them_and_the_next_optimizer_starts_anew():
+    """Lightning's test harness stops every daemon thread a test left that has a ``stop()``, then
+    fails the test if it is still alive (``liveness/threads.py``): both of ours end there, the
+    optimizer still closes, and the next one opens a new channel and a new order."""
+    group = _group()
+    _, opt = _build(group)
+    stream, peers = _stream(opt), opt._state.peers.channel
+    threads = [t for t in (peers._thread, stream._thread) if t is not None]
+    assert_all_ranks(all(t.daemon and callable(getattr(t, "stop", None)) for t in threads),
+                     f"a thread without stop(): {threads}")
+    for thread in threads:
+        thread.stop()
+    served = peers.ended and (stream.ended or stream._thread is None)   # rank 0: no thread
+    assert_all_ranks(not any(t.is_alive() for t in threads) and served,
+                     "a stopped thread (or what it served) lives on")
+    opt.close()
+    model, again = _build(group)
+    _assert_one_new_stream(_stream(again), stream)
+    assert_all_ranks(again._state.peers.channel is not peers, "the stopped channel was reused")
+    assert_all_ranks(_same_parameters(model), "the new order's all-reduces differ across ranks")
+    again.close()
