@@ -157,8 +157,9 @@ class Star:
                     sock.sendall(data)
                 except OSError:
                     gone.append(sock)
-            for sock in gone:
-                self._followers.remove(sock)
+            for sock in gone:           # (``close`` may have emptied the list meanwhile)
+                if sock in self._followers:
+                    self._followers.remove(sock)
                 sock.close()
 
     def follower_socket(self) -> socket.socket:

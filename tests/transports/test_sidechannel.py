@@ -40,6 +40,21 @@ def test_lines_reach_every_follower_in_order_and_close_ends_them() -> None:
         f.close()
 
 
+def test_a_follower_that_left_is_dropped_and_the_others_still_get_every_line() -> None:
+    """A follower's order ends with its last optimizer (``order_stream.py``) while rank 0 may
+    still publish: the first follower's broken connection must not stop the line for the
+    ones after it."""
+    for leaving in (0, 1):           # whichever rank 0 writes to first
+        root, followers = star_of(3, handshake.new_secret())
+        gone, staying = followers[leaving], followers[1 - leaving]
+        gone.close()
+        for i in range(200):         # enough writes for the closed end's reset to be seen
+            root.send(b"line %d\n" % i)
+        assert [staying.receive() for _ in range(200)] == [b"line %d" % i for i in range(200)]
+        root.close()
+        staying.close()
+
+
 def test_an_outsider_is_refused_and_the_ranks_still_join() -> None:
     root, followers = star_of(2, handshake.new_secret(), outsiders=2)
     root.send(b"x\n")
