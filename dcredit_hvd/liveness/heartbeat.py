@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from . import handshake, interfaces
+from .holders import Holders
 from .mesh import PENDING_SPARE, REDIALS, Mesh, Peer  # noqa: F401
 from .settings import CONFIG_FIELD, ENV, Settings, check, settings, validate  # noqa: F401
 from .threads import Stoppable
@@ -126,9 +127,7 @@ class Liveness:
         self._said_goodbye = False
         self._stop = threading.Event()
         #: Leases (``hold``): the channel ends when the last one is released.
-        self._holders: set[object] = set()
-        self._dropped: list[object] = []     # released by finalizers, for the thread to take
-        self._ending = False
+        self._holders = Holders()            # finalizers' leases: for the thread to take
         self._thread: Optional[threading.Thread] = None
         self.host = socket.gethostname()
 
@@ -208,23 +207,18 @@ class Liveness:
     def hold(self) -> Optional[object]:
         """A lease on the channel (a token for ``release``), or None once it is ending."""
         with self._lock:
-            if self._ending or self._stop.is_set():
-                return None
-            token = object()
-            self._holders.add(token)
-            return token
+            return None if self._stop.is_set() else self._holders.take()
 
     def release(self, token: object, wait: bool = True) -> None:
         """Give a lease back; the last one ends the channel (``end``).  ``wait=False`` is for
         finalizers, which may run in any thread inside any lock: the token is queued and the
         heartbeat thread takes it, so nothing here blocks or takes a lock."""
         if not wait:
-            self._dropped.append(token)
+            self._holders.queue(token)
             self._mesh.wake()
             return
         with self._lock:
-            self._holders.discard(token)
-            last = self._last_lease_gone()
+            last = self._holders.last_gone(token)
         if last:
             self.end()
 
@@ -243,15 +237,6 @@ class Liveness:
             atexit.unregister(self._at_exit)
         self._stop_thread()
         self._mesh.leave(_bye(None), LEAVE_SECONDS)
-
-    def _last_lease_gone(self) -> bool:
-        """Whether the leases just released were the last (lock held); if so it is ending."""
-        while self._dropped:
-            self._holders.discard(self._dropped.pop())
-        if self._holders or self._ending:
-            return False
-        self._ending = True
-        return True
 
     # -- the mesh's state, under the names the tests read --------------------------------------
     @property
@@ -275,16 +260,16 @@ class Liveness:
             log.exception("dcredit_hvd: the liveness channel failed; peers will declare this "
                           "rank lost")
             raise
-        if self._ending and not self._stop.is_set():
+        if self._holders.ending and not self._stop.is_set():
             self.end()       # the last lease went in a finalizer: end from this thread
 
     def _loop(self) -> None:
         interval = self.config.interval
         next_beat = time.monotonic()
         while not self._stop.is_set():
-            if self._dropped:
+            if self._holders.queued:
                 with self._lock:
-                    if self._last_lease_gone():
+                    if self._holders.last_gone():
                         return
             timeout = max(0.0, next_beat - time.monotonic())
             before = time.monotonic()

@@ -33,6 +33,7 @@ import threading
 from typing import Any, Callable, Optional
 
 from ..liveness import handshake
+from ..liveness.holders import Holders
 from ..liveness.threads import Stoppable
 from .ordering import Entry, IssueOrder, Submission
 from .sidechannel import Star
@@ -65,9 +66,7 @@ class OrderStream:
             else:
                 self.star.join(tuple(address))
         self._lock = threading.Lock()
-        self._holders: set[object] = set()
-        self._dropped: list[object] = []
-        self._ending = False
+        self._holders = Holders()
         self._closed = False
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -83,10 +82,8 @@ class OrderStream:
         """A lease (a token for ``release``), or None once the stream is ending."""
         with self._lock:
             # a lease a finalizer gave back, and no thread to take it (rank 0): taken here
-            last = bool(self._dropped) and self._last_lease_gone()
-            token = None if self._ending else object()
-            if token is not None:
-                self._holders.add(token)
+            last = self._holders.queued and self._holders.last_gone()
+            token = self._holders.take()
         if last:
             self.close()
         return token
@@ -95,32 +92,22 @@ class OrderStream:
         """Give a lease back; the last one ends the stream.  ``wait=False`` from a finalizer:
         queued, and the follower's thread woken (nothing here blocks or takes a lock)."""
         if not wait:
-            self._dropped.append(token)
+            self._holders.queue(token)
             self._wake()
             return
         with self._lock:
-            self._holders.discard(token)
-            last = self._last_lease_gone()
+            last = self._holders.last_gone(token)
         if last:
             self.close()
 
     @property
     def ended(self) -> bool:
-        return self._closed or self._ending
+        return self._closed or self._holders.ending
 
     @property
     def lost(self) -> list:
         """The liveness channel names lost peers; this stream only fails its order."""
         return []
-
-    def _last_lease_gone(self) -> bool:
-        """Whether the leases given back were the last (lock held); if so it is ending."""
-        while self._dropped:
-            self._holders.discard(self._dropped.pop())
-        if self._holders or self._ending:
-            return False
-        self._ending = True
-        return True
 
     # -- the wire ------------------------------------------------------------------------------
     def _post(self, entry: Entry) -> None:
@@ -153,7 +140,7 @@ class OrderStream:
                 if self._wake_r in ready:
                     self._drain_wakes()
                     with self._lock:
-                        last = self._last_lease_gone()
+                        last = self._holders.last_gone()
                     if last or self._closed:
                         self._end()
                         return
@@ -191,7 +178,7 @@ class OrderStream:
         with self._lock:
             if self._closed:
                 return
-            self._closed = self._ending = True
+            self._closed = self._holders.ending = True
         atexit.unregister(self.close)
         if self.star is not None:
             self.star.close()
