@@ -66,9 +66,9 @@ def assemble(opt: torch.optim.Optimizer, base: type, state: OptimizerState,
     # runs no collective, so it is this process's own).
     agree = None if state.elastic else (
         lambda count: transport.allgather_object(count, "dcredit.prefix"))
-    state.prefix = instances.prefix_for(transport.group_id(),
-                                        [(state.names[p], tuple(p.shape)) for p in state.initial],
-                                        agree)
+    prefix = instances.prefix_for(transport.group_id(),
+                                  [(state.names[p], tuple(p.shape)) for p in state.initial], agree)
+    state.prefix = prefix.name
     instrument = Instrumentation(state)
     lifecycle = PlanLifecycle(state, instrument)
     overlap = Overlap(state, lifecycle, instrument)
@@ -116,7 +116,7 @@ def assemble(opt: torch.optim.Optimizer, base: type, state: OptimizerState,
         state.gathers = Gathers(state, poll, collect)
     parts = Parts(instrument, lifecycle, overlap, gradients)
     _register_hooks(state, parts, model)
-    instances.register(opt, state.prefix, state.requires_update)
+    instances.register(opt, prefix, state.requires_update)
     weakref.finalize(opt, lifetime.collected, state.hooks, state.peers)
     atexit.register(lifetime.at_exit, weakref.ref(opt))
     if instrument.on_rank0() is not None:

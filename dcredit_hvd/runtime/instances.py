@@ -25,7 +25,7 @@ import hashlib
 import weakref
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 #: digest -> optimizers created with it so far
 _created: Counter[str] = Counter()
@@ -33,27 +33,35 @@ _created: Counter[str] = Counter()
 _live: weakref.WeakKeyDictionary[Any, tuple[str, frozenset[int]]] = weakref.WeakKeyDictionary()
 
 
+class Prefix(NamedTuple):
+    """An optimizer's collective-name prefix and the two parts it is made of."""
+    digest: str     # ``dcredit.<digest>``: the process set and the parameters' names and shapes
+    k: int          # the creation count (0 for the first)
+
+    @property
+    def name(self) -> str:
+        return self.digest if self.k == 0 else f"{self.digest}.{self.k}"
+
+
 def prefix_for(process_set_id: Any, described: Sequence[tuple],
-               agree: Optional[Callable[[int], list]] = None) -> str:
+               agree: Optional[Callable[[int], list]] = None) -> Prefix:
     """``dcredit.<digest>[.<k>]``: ``described`` holds ``(name, shape)`` of each parameter.
     ``k`` counts the optimizers with this digest that were built (``register``) before, the
     largest over the ranks when ``agree`` (every rank's count, all-gathered) is given; a
     construction that failed (ranks disagreed) counts on no rank."""
     text = repr((process_set_id, tuple(described)))
-    base = "dcredit." + hashlib.sha256(text.encode()).hexdigest()[:10]
-    k = _created[base]
+    digest = "dcredit." + hashlib.sha256(text.encode()).hexdigest()[:10]
+    k = _created[digest]
     if agree is not None:
         k = max(agree(k))
-    return base if k == 0 else f"{base}.{k}"
+    return Prefix(digest, k)
 
 
-def register(optimizer: Any, prefix: str, params: Iterable[Any]) -> None:
+def register(optimizer: Any, prefix: Prefix, params: Iterable[Any]) -> None:
     """``optimizer`` was built under ``prefix``: it hooks ``params``, and its digest's next
     creation counts from the prefix's ``k``."""
-    base, _, k = prefix.partition(".")[2].partition(".")
-    base = "dcredit." + base
-    _created[base] = max(_created[base], int(k or 0) + 1)
-    _live[optimizer] = (prefix, frozenset(id(p) for p in params))
+    _created[prefix.digest] = max(_created[prefix.digest], prefix.k + 1)
+    _live[optimizer] = (prefix.name, frozenset(id(p) for p in params))
 
 
 def unregister(optimizer: Any) -> None:

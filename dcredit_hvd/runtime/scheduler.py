@@ -57,6 +57,10 @@ class Item:
 #: ends (it ends at once when the iteration does: ``wait_all``).
 IDLE_EXIT_SECONDS = 2.0
 
+#: Seconds ``wait_all`` waits for the completion thread to end once the iteration has (it wakes
+#: at once and has nothing left to collect: a longer wait means it is stuck in the transport).
+JOIN_SECONDS = 2.0
+
 
 #: What a stall means and what to check, shared by both StallError messages.
 _STALL_ADVICE = ("Another rank stopped submitting gradients: check for uneven batches per rank, "
@@ -193,7 +197,7 @@ class BlockScheduler:
             thread = self._thread
         # Joined: no thread outlives the step that ended the iteration (a framework's test
         # harness checks for threads right after the last step).
-        _join(thread, IDLE_EXIT_SECONDS)
+        _join(thread, JOIN_SECONDS)
 
     def check(self) -> None:
         """Re-raise a completion-thread error; raise ``StallError`` if a released block has been

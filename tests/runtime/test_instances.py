@@ -17,11 +17,14 @@ def _described(*names):
 
 
 def test_the_prefix_is_a_function_of_the_process_set_and_the_parameters():
-    a = instances.prefix_for(0, _described("w", "b"))
-    assert a == instances.prefix_for(0, _described("w", "b"))
-    assert a != instances.prefix_for(1, _described("w", "b"))
-    assert a != instances.prefix_for(0, _described("w", "c"))
-    assert a != instances.prefix_for(0, [("w", (5,)), ("b", (4,))])
+    def name(*args):
+        return instances.prefix_for(*args).name
+
+    a = name(0, _described("w", "b"))
+    assert a == name(0, _described("w", "b"))
+    assert a != name(1, _described("w", "b"))
+    assert a != name(0, _described("w", "c"))
+    assert a != name(0, [("w", (5,)), ("b", (4,))])
     assert a.startswith("dcredit.") and len(a.split(".")) == 2
 
 
@@ -31,13 +34,13 @@ def test_each_built_optimizer_with_the_same_parameters_gets_the_next_suffix():
     opt1 = _Opt()
     instances.register(opt1, first, [])
     second = instances.prefix_for(0, described)
-    assert second == f"{first}.1"
+    assert second.name == f"{first.name}.1"
     instances.register(_Opt(), second, [])
-    assert instances.prefix_for(0, described) == f"{first}.2"
+    assert instances.prefix_for(0, described).name == f"{first.name}.2"
     # Closing (or collecting) an optimizer does not free its suffix: the count is of creations,
     # which ranks agree on, not of survivors, which depend on each rank's collector.
     instances.unregister(opt1)
-    assert instances.prefix_for(0, described) == f"{first}.2"
+    assert instances.prefix_for(0, described).name == f"{first.name}.2"
 
 
 def test_a_construction_that_never_registered_does_not_count():
@@ -48,8 +51,8 @@ def test_a_construction_that_never_registered_does_not_count():
 def test_holders_are_the_live_optimizers_that_hook_any_of_the_parameters():
     p, q, r = (torch.nn.Parameter(torch.zeros(2)) for _ in range(3))
     old, other = _Opt(), _Opt()
-    instances.register(old, "dcredit.old", [p, q])
-    instances.register(other, "dcredit.other", [r])
+    instances.register(old, instances.Prefix("dcredit.old", 0), [p, q])
+    instances.register(other, instances.Prefix("dcredit.other", 0), [r])
     assert instances.holders([q]) == [old]
     assert instances.holders([r, p]) == [old, other]
     instances.unregister(old)
@@ -67,7 +70,7 @@ def test_the_count_is_the_largest_over_the_ranks_and_later_creations_count_from_
     base = instances.prefix_for(0, described)
     seen = []
     agreed = instances.prefix_for(0, described, agree=lambda k: seen.append(k) or [k, 3])
-    assert seen == [0] and agreed == f"{base}.3"
+    assert seen == [0] and agreed.name == f"{base.name}.3"
     instances.register(_Opt(), agreed, [])
-    assert instances.prefix_for(0, described) == f"{base}.4"
-    assert instances.prefix_for(0, described, agree=lambda k: [k, 1]) == f"{base}.4"
+    assert instances.prefix_for(0, described).name == f"{base.name}.4"
+    assert instances.prefix_for(0, described, agree=lambda k: [k, 1]).name == f"{base.name}.4"
