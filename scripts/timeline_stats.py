@@ -20,6 +20,7 @@ queued is the model not having produced the gradient yet.  Needs only the standa
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 from collections import defaultdict
@@ -27,7 +28,23 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from plot_timeline import load_trace, tracks  # noqa: E402
+from plot_timeline import tracks  # noqa: E402
+
+
+def load_events(path: str) -> tuple[list[dict], int]:
+    """The trace's events, one per line as the timeline writes them, and how many lines did
+    not parse (a file two launches wrote into at once, a job killed mid-write)."""
+    events, bad = [], 0
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip().lstrip("[").rstrip("]").strip().rstrip(",")
+            if not line:
+                continue
+            try:
+                events.append(json.loads(line))
+            except json.JSONDecodeError:
+                bad += 1
+    return events, bad
 
 
 def _union(spans: list[tuple[float, float]]) -> float:
@@ -103,7 +120,10 @@ def main() -> None:
     args = p.parse_args()
     groups: dict[str, list[dict]] = defaultdict(list)
     previous, run = None, 0
-    for it in iterations(load_trace(args.trace)):
+    events, bad = load_events(args.trace)
+    if bad:
+        print(f"({bad} line(s) of {args.trace} did not parse and were skipped)")
+    for it in iterations(events):
         run = run + 1 if it["label"] == previous else 1
         previous = it["label"]
         if run > args.skip:
