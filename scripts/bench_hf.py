@@ -21,7 +21,8 @@ The model: GPT-2 (``GPT2LMHeadModel``), 4 layers, d=256, vocab 4096, 128 tokens,
 (4.2 M parameters, 17 MB of gradients: at 1 Gbit/s about as long to all-reduce as a step's
 compute on this machine, the same shape as ``make demo``'s transformer).  Each step's time is
 the interval between the ends of consecutive optimizer steps; the first ``--warmup`` steps
-(``dcredit``'s profiling included) are not counted.
+(``dcredit``'s profiling included) are not counted.  The plan race is off (``DCREDIT_TUNE=0``
+unless set), as in ``bench_lightning.py``: rows this short would be timed mid-race.
 """
 from __future__ import annotations
 
@@ -62,6 +63,7 @@ def launch(options: argparse.Namespace) -> int:
                "--policy", options.policy, "--rate", options.rate, "--rows", options.rows,
                "--summary", str(Path(options.summary).resolve()) if options.summary else ""]
     env = dict(os.environ, DCREDIT_LOG_LEVEL=os.environ.get("DCREDIT_LOG_LEVEL", "WARNING"),
+               DCREDIT_TUNE=os.environ.get("DCREDIT_TUNE", "0"),
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     return subprocess.call(command, env=env, cwd=ROOT)
 

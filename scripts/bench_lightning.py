@@ -17,6 +17,11 @@ most of its 3.4 M parameters (13.7 MB of gradients, about 110 ms on a 1 Gbit/s l
 convolutions take about as long to compute on one core.  A step is timed from one batch start to
 the next (the next forward waits for the overlapped updates, so every update is counted); the
 first ``--warmup`` steps of each fit (``dcredit`` measures and plans there) are not.
+
+The plan race (on by default) is off here (``DCREDIT_TUNE=0`` unless set): it runs for tens of
+steps, so a fit this short would time each row in the middle of a race among different
+schedules; the rows measure what a framework costs over one plan.  The race is measured by
+the emulated grid (``docs/benchmarks.md``).
 """
 from __future__ import annotations
 
@@ -56,7 +61,8 @@ def launch(args: argparse.Namespace) -> int:
         command += ["--json", str(Path(args.json).resolve())]
     if args.summary:
         command += ["--summary", str(Path(args.summary).resolve())]
-    return subprocess.call(command, cwd=ROOT)
+    env = dict(os.environ, DCREDIT_TUNE=os.environ.get("DCREDIT_TUNE", "0"))
+    return subprocess.call(command, cwd=ROOT, env=env)
 
 
 def build_model() -> Any:

@@ -1,7 +1,8 @@
 """A per-rank Chrome-trace timeline of the schedule: layers, gradient blocks and window releases.
 
 Set ``DCREDIT_TIMELINE=/path/trace.json`` (``from_env``) and every rank writes its own file,
-``/path/trace.rank0.json`` and so on (or put ``{rank}`` in the path to place the rank yourself).
+``/path/trace.rank0.json`` and so on (or put ``{rank}`` in the path to place the rank yourself);
+every optimizer of a process writes into that one file.
 The file is a JSON array of Chrome trace events, the format of Horovod's ``HOROVOD_TIMELINE``,
 so it opens in Perfetto (ui.perfetto.dev) or ``chrome://tracing``; ``scripts/plot_timeline.py``
 draws it as a PNG Gantt chart.
@@ -241,9 +242,23 @@ class Timeline:
         self.close()
 
 
+#: rank path -> the open timeline every optimizer of this process writes into (``from_env``)
+_shared: dict[str, Timeline] = {}
+_shared_lock = threading.Lock()
+
+
 def from_env(rank: int, env: Optional[Mapping[str, str]] = None) -> Optional[Timeline]:
-    """A ``Timeline`` writing to ``$DCREDIT_TIMELINE`` (per rank) when it is set, else ``None``."""
+    """A ``Timeline`` writing to ``$DCREDIT_TIMELINE`` (per rank) when it is set, else ``None``.
+
+    One per file and process: every optimizer of the process (a GAN's two, one rebuilt, the
+    bench's rows) writes into the same open timeline, not a second writer of the same file
+    (two would truncate and overwrite each other's events)."""
     path = (os.environ if env is None else env).get(ENV_VAR, "")
     if not path:
         return None
-    return Timeline(path, rank)
+    with _shared_lock:
+        key = os.path.abspath(rank_path(path, rank))
+        timeline = _shared.get(key)
+        if timeline is None or timeline.closed:
+            timeline = _shared[key] = Timeline(path, rank)
+        return timeline

@@ -237,6 +237,24 @@ def test_from_env_returns_a_timeline_only_when_the_variable_is_set(tmp_path, mon
     assert from_env(0, env={}) is None
 
 
+def test_every_optimizer_of_a_process_writes_into_one_timeline_per_file(tmp_path):
+    """Two optimizers (a GAN's, the bench's rows) with DCREDIT_TIMELINE set: one writer per
+    file, so neither truncates nor overwrites the other's events; a closed one is replaced."""
+    env = {"DCREDIT_TIMELINE": str(tmp_path / "two.json")}
+    first, second = from_env(0, env=env), from_env(0, env=env)
+    assert first is second and from_env(1, env=env) is not first
+    first.block(0, "g.w", "dcredit.g.w", 1.0, 1.5, 2.0, 4)
+    second.block(0, "d.w", "dcredit.d.w", 1.0, 1.5, 2.0, 4)
+    first.close()
+    from_env(1, env=env).close()
+    events = json.loads((tmp_path / "two.rank0.json").read_text())
+    assert {e["name"] for e in events if e.get("cat") == "QUEUED"} == {"dcredit.g.w",
+                                                                         "dcredit.d.w"}
+    third = from_env(0, env=env)
+    assert third is not first and not third.closed
+    third.close()
+
+
 def test_a_trace_left_open_is_readable_after_appending_the_bracket(tmp_path):
     tl = Timeline(str(tmp_path / "t.json"), rank=0, flush_every=1)
     write_sample(tl)
