@@ -4,8 +4,9 @@
     python scripts/timeline_stats.py /tmp/tl/trace.rank0.json
 
 An iteration starts at the first forward event after a backward one.  Iterations are grouped by
-the schedule that ran them: the plan installed last, or the candidate of the race's last
-``race: switch`` (or ``race: winner``) mark.  Per group, medians over its iterations (wall ms):
+the schedule that ran them: the plan installed last (``plan k``: the k-th plan of the trace,
+whichever optimizer installed it), or the candidate of the race's last ``race: switch`` (or
+``race: winner``) mark.  Per group, medians over its iterations (wall ms):
 
 * ``iter``: start to the next start;  ``fwd`` / ``bwd``: first to last event of each pass;
 * ``wait``: the forward's waits for an owed update (phase 2 reaching a parameter first);
@@ -81,7 +82,8 @@ def iterations(events: list[dict]) -> list[dict]:
             if name in ("race: switch", "race: winner"):
                 labels.append((ts, str(args.get("candidate", "?"))))
             elif name == "plan installed":
-                labels.append((ts, "plan"))
+                plans = sum(1 for _, label in labels if label.startswith("plan "))
+                labels.append((ts, f"plan {plans + 1}"))
     passes.sort()
     starts, previous = [], None
     for s, _, kind, _ in passes:
