@@ -3,7 +3,8 @@
 
     python scripts/timeline_stats.py /tmp/tl/trace.rank0.json
 
-An iteration starts at the first forward event after a backward one.  Iterations are grouped by
+An iteration starts at the trace's first forward event and at each forward event after a
+backward one.  Iterations are grouped by
 the schedule that ran them: the plan installed last (``plan k``: the k-th plan of the trace,
 whichever optimizer installed it), or the candidate of the race's last ``race: switch`` (or
 ``race: winner``) mark.  Per group, medians over its iterations (wall ms):
@@ -87,7 +88,7 @@ def iterations(events: list[dict]) -> list[dict]:
     passes.sort()
     starts, previous = [], None
     for s, _, kind, _ in passes:
-        if kind == "forward" and previous == "backward":
+        if kind == "forward" and previous in (None, "backward"):
             starts.append(s)
         previous = kind
     labels.sort()

@@ -349,3 +349,27 @@ def test_a_unit_that_reuses_an_earlier_tensors_index_gets_its_own_named_track(tm
     pid_of = {n: p for p, n in names.items()}
     blocks = {e["name"]: e["pid"] for e in events if e.get("cat") == "INFLIGHT"}
     assert blocks == {"dcredit.a.0of1": pid_of["a"], "dcredit.a+1.0of1": pid_of["a+1"]}
+
+
+def test_the_stats_script_sums_link_busy_idle_and_forward_waits_per_schedule(tmp_path):
+    """Two iterations of 10 s under ``plan 1``: forward 0-3 s (1 s of it waiting for an
+    update), backward 3-8 s, one block in flight 4-9 s; the next iteration starts at 10 s."""
+    tl = Timeline(str(tmp_path / "s.json"), 0)
+    t0 = tl.epoch
+    tl.mark("plan installed", at=t0)
+    for i in range(3):
+        b = t0 + 10 * i
+        tl.layer("forward", "wait for update: w", b, b + 1)
+        tl.layer("forward", "layer", b + 1, b + 3)
+        tl.layer("backward", "w", b + 3, b + 8)
+        tl.block(0, "w", "dcredit.w", b + 3, b + 4, b + 9, 4)
+    tl.layer("forward", "layer", t0 + 30, t0 + 31)
+    tl.close()
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "timeline_stats.py"),
+                          tl.path, "--skip", "0"], check=True, capture_output=True,
+                         text=True).stdout
+    row = next(line for line in out.splitlines() if line.startswith("| plan 1"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    # schedule, n, iter, fwd, bwd, wait, busy, idle, idle in bwd, tail, queued (ms)
+    assert cells[1:] == ["3", "10000.0", "3000.0", "5000.0", "1000.0", "5000.0", "5000.0",
+                         "1000.0", "1000.0", "1000.0"]
