@@ -31,7 +31,10 @@ COLOURS = {
 
 
 def load_trace(path: str) -> list[dict]:
-    """The events of a Chrome trace file, tolerating a missing final ``]`` and a trailing comma."""
+    """The events of a Chrome trace file, tolerating a missing final ``]`` and a trailing comma.
+    An array that still does not parse (a job killed in mid-write, a file two writers shared)
+    is read one event per line, as the timeline writes it; the lines that do not parse are
+    skipped and counted on stderr."""
     with open(path, encoding="utf-8") as f:
         text = f.read().strip()
     if text.startswith("{"):  # the object form: {"traceEvents": [...]}
@@ -40,7 +43,24 @@ def load_trace(path: str) -> list[dict]:
         text = text.rstrip().rstrip(",") + "]"
     elif text[:-1].rstrip().endswith(","):
         text = text[:-1].rstrip().rstrip(",") + "]"
-    return list(json.loads(text))
+    try:
+        return list(json.loads(text))
+    except json.JSONDecodeError:
+        return _events_by_line(path, text)
+
+
+def _events_by_line(path: str, text: str) -> list[dict]:
+    events, bad = [], 0
+    for line in text.splitlines():
+        line = line.strip().lstrip("[").rstrip("]").strip().rstrip(",")
+        if not line:
+            continue
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            bad += 1
+    print(f"({bad} line(s) of {path} did not parse and were skipped)", file=sys.stderr)
+    return events
 
 
 def tracks(events: list[dict]) -> tuple[dict[int, str], dict[int, int]]:

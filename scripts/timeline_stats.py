@@ -22,7 +22,6 @@ queued is the model not having produced the gradient yet.  Needs only the standa
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from collections import defaultdict
@@ -30,23 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from plot_timeline import tracks  # noqa: E402
-
-
-def load_events(path: str) -> tuple[list[dict], int]:
-    """The trace's events, one per line as the timeline writes them, and how many lines did
-    not parse (a file two launches wrote into at once, a job killed mid-write)."""
-    events, bad = [], 0
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            line = line.strip().lstrip("[").rstrip("]").strip().rstrip(",")
-            if not line:
-                continue
-            try:
-                events.append(json.loads(line))
-            except json.JSONDecodeError:
-                bad += 1
-    return events, bad
+from plot_timeline import load_trace, tracks  # noqa: E402
 
 
 def _union(spans: list[tuple[float, float]]) -> float:
@@ -67,6 +50,7 @@ def iterations(events: list[dict]) -> list[dict]:
     """One record per iteration: its bounds, its schedule's label and what happened in it."""
     names, _ = tracks(events)
     passes, inflight, queued, labels = [], [], [], []
+    plans = 0
     for e in events:
         ph, ts = e.get("ph"), float(e.get("ts", 0.0))
         if ph == "X":
@@ -83,8 +67,8 @@ def iterations(events: list[dict]) -> list[dict]:
             if name in ("race: switch", "race: winner"):
                 labels.append((ts, str(args.get("candidate", "?"))))
             elif name == "plan installed":
-                plans = sum(1 for _, label in labels if label.startswith("plan "))
-                labels.append((ts, f"plan {plans + 1}"))
+                plans += 1
+                labels.append((ts, f"plan {plans}"))
     passes.sort()
     starts, previous = [], None
     for s, _, kind, _ in passes:
@@ -123,10 +107,7 @@ def main() -> None:
     args = p.parse_args()
     groups: dict[str, list[dict]] = defaultdict(list)
     previous, run = None, 0
-    events, bad = load_events(args.trace)
-    if bad:
-        print(f"({bad} line(s) of {args.trace} did not parse and were skipped)")
-    for it in iterations(events):
+    for it in iterations(load_trace(args.trace)):
         run = run + 1 if it["label"] == previous else 1
         previous = it["label"]
         if run > args.skip:

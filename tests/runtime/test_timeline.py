@@ -283,6 +283,13 @@ def test_the_loader_accepts_a_trailing_comma_like_horovods_timeline(tmp_path):
     assert [e["name"] for e in plot_module().load_trace(str(path))] == ["a"]
 
 
+def test_the_loader_skips_the_lines_of_a_trace_that_do_not_parse(tmp_path, capsys):
+    path = tmp_path / "torn.json"
+    path.write_text('[\n{"name":"a","ph":"i"},\n{"name":"b","pid":,\n{"name":"c","ph":"i"}\n]\n')
+    assert [e["name"] for e in plot_module().load_trace(str(path))] == ["a", "c"]
+    assert "1 line(s)" in capsys.readouterr().err
+
+
 def test_a_job_that_never_closes_the_timeline_leaves_valid_json_at_exit(tmp_path):
     path = tmp_path / "exit.json"
     code = (
